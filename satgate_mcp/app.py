@@ -1,0 +1,140 @@
+"""The one place that assembles the gateway: ``create_app`` wires settings to parts.
+
+Tests and embedding applications pass their own parts (authenticator, pool, policy, publisher, clock);
+everything else is built from settings. Long-lived resources start and stop in ``cleanup_ctx``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from satgate_mcp.auth.base import Authenticator
+from satgate_mcp.dispatch import Dispatcher, Policy, Pool
+from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
+from satgate_mcp.keys import (
+    AUTHENTICATOR,
+    DISPATCHER,
+    METRICS,
+    POLICY,
+    POOL,
+    PUBLISHER,
+    REGISTRY,
+    RESUMES_SESSIONS,
+    SETTINGS,
+)
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.sessions import SessionRegistry
+from satgate_mcp.settings import Settings
+from satgate_mcp.transport import health, oauth
+from satgate_mcp.transport.middleware import request_logger
+from satgate_mcp.transport.streamable import StreamableHttpTransport
+
+
+def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublisher | None]:
+    if settings.events_file is None:
+        return LogPublisher(), None
+    sink = JsonlFilePublisher(settings.events_file)
+    return FanoutPublisher([LogPublisher(), sink]), sink
+
+
+def create_app(
+    settings: Settings,
+    *,
+    authenticator: Authenticator | None = None,
+    pool: Pool | None = None,
+    policy: Policy | None = None,
+    publisher: Publisher | None = None,
+    metrics: Metrics | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    metrics = metrics or Metrics()
+    file_sink: JsonlFilePublisher | None = None
+    if publisher is None:
+        publisher, file_sink = _default_publisher(settings)
+    if authenticator is None:
+        from satgate_mcp.auth.factory import authenticator_from_settings
+
+        authenticator = authenticator_from_settings(settings)
+    if pool is None:
+        from satgate_mcp.upstream.pool import UpstreamPool
+
+        pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics)
+    if policy is None:
+        from satgate_mcp.policy.engine import CallPolicy
+
+        policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics)
+
+    registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
+                               publisher=publisher, clock=clock)
+    metrics.active_sessions.set_function(lambda: len(registry))
+    dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
+    transport = StreamableHttpTransport(settings=settings, registry=registry, authenticator=authenticator,
+                                        dispatcher=dispatcher, publisher=publisher, metrics=metrics)
+
+    # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
+    app = web.Application(middlewares=[request_logger(metrics)], client_max_size=settings.max_body_bytes + 1)
+    app[SETTINGS] = settings
+    app[REGISTRY] = registry
+    app[AUTHENTICATOR] = authenticator
+    app[POOL] = pool
+    app[POLICY] = policy
+    app[PUBLISHER] = publisher
+    app[METRICS] = metrics
+    app[DISPATCHER] = dispatcher
+    app[RESUMES_SESSIONS] = transport.resumes_sessions
+
+    transport.add_routes(app)
+    health.add_routes(app)
+    if settings.oauth_resource_metadata_url:
+        oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers)
+
+    app.cleanup_ctx.append(_upstreams)
+    app.cleanup_ctx.append(_sweeper)
+    app.cleanup_ctx.append(_closers(file_sink))
+    return app
+
+
+async def _upstreams(app: web.Application) -> AsyncIterator[None]:
+    pool = app[POOL]
+    start = getattr(pool, "start", None)
+    if start is not None:
+        await start()
+    try:
+        yield
+    finally:
+        close = getattr(pool, "close", None)
+        if close is not None:
+            await close()
+
+
+async def _sweeper(app: web.Application) -> AsyncIterator[None]:
+    """A thin loop: the registry decides what is idle, this only calls it now and then."""
+    registry, interval = app[REGISTRY], app[SETTINGS].sweep_interval
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            registry.sweep()
+
+    task = asyncio.create_task(loop(), name="session-sweeper")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _closers(file_sink: JsonlFilePublisher | None) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        yield
+        close = getattr(app[POLICY], "close", None)
+        if close is not None:
+            await close()
+        if file_sink is not None:
+            file_sink.close()
+
+    return ctx

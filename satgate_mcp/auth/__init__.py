@@ -1,0 +1,1 @@
+"""Who is calling: bearer extraction, authenticators for each auth mode, revocation."""

@@ -1,0 +1,126 @@
+"""The authenticator seam: every transport hands it the ``Authorization`` header and gets an outcome.
+
+The authenticator reads and verifies the credential; deciding which HTTP answer an outcome
+becomes is the transport's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+ANONYMOUS = "anonymous"
+
+
+class AuthOutcome(StrEnum):
+    OK = "ok"
+    MISSING = "missing"
+    INVALID = "invalid"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+def tool_matches(pattern: str, name: str) -> bool:
+    """``name`` exact, ``prefix*`` by prefix, ``*`` everything."""
+    if pattern.endswith("*"):
+        return name.startswith(pattern[:-1])
+    return pattern == name
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What a verified credential says about its holder; immutable, rebuilt on every verification."""
+
+    token_id: str
+    budget_id: str | None = None
+    tenant: str | None = None
+    #: Each inner tuple is one ``tools`` caveat; a tool must match every caveat (narrowing intersects).
+    tool_filters: tuple[tuple[str, ...], ...] = ()
+    expires_at: float | None = None
+    budget_limit: float | None = None
+    parent_id: str | None = None
+    depth: int = 0
+    caveats: tuple[str, ...] = field(default=(), compare=False)
+    #: Token ids from the root of the delegation chain down to ``parent_id``; revoking any of them revokes this.
+    ancestors: tuple[str, ...] = ()
+    #: Lowest ``depth <= N`` caveat: how deep tokens delegated from this one may go (None = unlimited).
+    max_depth: int | None = None
+
+    @property
+    def budget_key(self) -> str:
+        """Budgets are keyed by budget id; a token without one spends from its own token id."""
+        return self.budget_id or self.token_id
+
+    def allows_tool(self, name: str) -> bool:
+        return all(any(tool_matches(p, name) for p in caveat) for caveat in self.tool_filters)
+
+
+ANONYMOUS_IDENTITY = Identity(token_id=ANONYMOUS)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResult:
+    outcome: AuthOutcome
+    identity: Identity | None = None
+    #: The bearer exactly as presented; only ever hashed, never logged or forwarded.
+    token: str = ""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is AuthOutcome.OK
+
+
+class Authenticator(Protocol):
+    mode: str
+
+    async def authenticate(self, authorization: str | None) -> AuthResult: ...
+
+
+def bearer_from_header(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        return None
+    return token
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class NoAuthenticator:
+    """``SATGATE_AUTH_MODE=none``: everyone is the anonymous identity."""
+
+    mode = "none"
+
+    async def authenticate(self, authorization: str | None) -> AuthResult:
+        return AuthResult(AuthOutcome.OK, ANONYMOUS_IDENTITY, bearer_from_header(authorization) or "")
+
+
+class StaticTokenAuthenticator:
+    """``SATGATE_AUTH_MODE=config``: one shared bearer token, compared in constant time."""
+
+    mode = "config"
+
+    def __init__(self, token: str, token_id: str = "static") -> None:
+        if not token:
+            raise ValueError("the static token must not be empty")
+        self._token = token.encode("utf-8")
+        self._identity = Identity(token_id=token_id)
+
+    async def authenticate(self, authorization: str | None) -> AuthResult:
+        bearer = bearer_from_header(authorization)
+        if bearer is None:
+            return AuthResult(AuthOutcome.MISSING, reason="no bearer token")
+        if not hmac.compare_digest(bearer.encode("utf-8"), self._token):
+            return AuthResult(AuthOutcome.INVALID, reason="token does not match")
+        return AuthResult(AuthOutcome.OK, self._identity, bearer)
+
+

@@ -1,0 +1,193 @@
+"""What the gateway does with one JSON-RPC request from an authenticated session.
+
+Shared by every transport: it knows identities, policy and the upstream pool, never HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from satgate_mcp import SERVER_NAME, __version__, events, jsonrpc
+from satgate_mcp.auth.base import Identity
+from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.events import Publisher
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.upstream.base import ProgressCallback
+
+TOOLS_PAGE_SIZE = 500
+#: Upstream answers that prove the call was never run, so it must not be charged.
+NOT_RUN_CODES = frozenset({jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS})
+#: Methods forwarded to the pool as they are.
+FORWARDED = frozenset({
+    "resources/list", "resources/templates/list", "resources/read", "resources/subscribe",
+    "resources/unsubscribe", "prompts/list", "prompts/get", "completion/complete",
+})
+
+log = structlog.get_logger("satgate_mcp.dispatch")
+
+
+class Pool(Protocol):
+    def readiness(self) -> dict[str, bool]: ...
+    def capabilities(self) -> JsonObj: ...
+    def tools(self) -> list[JsonObj]: ...
+    def owner_of_tool(self, name: str) -> str | None: ...
+    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                   ) -> JsonObj: ...
+
+
+
+
+class Policy(Protocol):
+    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
+                    request_id: RequestId, params: JsonObj | None) -> Any: ...
+    async def settle(self, admission: Any, *, ran: bool) -> None: ...
+    async def budget_status(self, identity: Identity) -> JsonObj: ...
+    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj: ...
+
+
+def encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
+
+
+def decode_cursor(cursor: object) -> int:
+    """Our own opaque cursors only; anything else is invalid params."""
+    if cursor is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(str(cursor).encode()).decode()
+        if text.startswith("o:") and int(text[2:]) >= 0:
+            return int(text[2:])
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        pass
+    raise GatewayError("Invalid cursor", {"error": "invalid_cursor"}, code=jsonrpc.INVALID_PARAMS)
+
+
+def page(items: list[JsonObj], cursor: object, size: int = TOOLS_PAGE_SIZE) -> tuple[list[JsonObj], str | None]:
+    start = decode_cursor(cursor)
+    end = start + size
+    return items[start:end], (encode_cursor(end) if end < len(items) else None)
+
+
+def certainly_not_run(reply: JsonObj | None, exc: BaseException | None) -> bool:
+    if isinstance(exc, UpstreamUnavailable):
+        return True
+    error = (reply or {}).get("error")
+    return isinstance(error, dict) and error.get("code") in NOT_RUN_CODES
+
+
+class Dispatcher:
+    def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._publisher = publisher
+        self._metrics = metrics
+        self._clock = clock
+
+    def initialize_result(self, protocol_version: str) -> JsonObj:
+        return {
+            "protocolVersion": protocol_version,
+            "capabilities": self._pool.capabilities(),
+            "serverInfo": {"name": SERVER_NAME, "version": __version__},
+            "instructions": "Tools from the upstream MCP servers behind this satgate-mcp gateway.",
+        }
+
+    async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
+                     on_progress: ProgressCallback | None = None) -> JsonObj:
+        """The reply message for one request, always with the client's id; never raises GatewayError."""
+        try:
+            reply = await self._route(request, identity, session_id, on_progress)
+        except GatewayError as exc:
+            return jsonrpc.error_response(request.id, exc.code, exc.message, exc.data)
+        return jsonrpc.with_id(reply, request.id)
+
+    async def _route(self, request: jsonrpc.Request, identity: Identity, session_id: str,
+                     on_progress: ProgressCallback | None) -> JsonObj:
+        method, params = request.method, request.params
+        if method == "ping":
+            return jsonrpc.result_response(request.id, {})
+        if method == "initialize":
+            raise GatewayError("Session already initialized", {"error": "already_initialized"},
+                               code=jsonrpc.INVALID_REQUEST)
+        if method == "tools/list":
+            visible = [t for t in self._pool.tools() if identity.allows_tool(str(t.get("name", "")))]
+            items, next_cursor = page(visible, (params or {}).get("cursor"))
+            result: JsonObj = {"tools": items}
+            if next_cursor:
+                result["nextCursor"] = next_cursor
+            return jsonrpc.result_response(request.id, result)
+        if method == "tools/call":
+            return await self._call_tool(request, identity, session_id, on_progress)
+        if method == "logging/setLevel":
+            return jsonrpc.result_response(request.id, {})
+        if method in FORWARDED:
+            return await self._pool.call(method, params, on_progress=on_progress)
+        if method in ("satgate/budget", "satgate/delegate"):
+            return await self._satgate_method(request, identity, session_id)
+        raise GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
+                           code=jsonrpc.METHOD_NOT_FOUND)
+
+    async def _satgate_method(self, request: jsonrpc.Request, identity: Identity, session_id: str) -> JsonObj:
+        if self._policy is None:
+            raise GatewayError(f"Method not found: {request.method}", {"error": "method_not_found"},
+                               code=jsonrpc.METHOD_NOT_FOUND)
+        admission = await self._policy.admit(identity, method=request.method, tool=None, session_id=session_id,
+                                             request_id=request.id, params=request.params)
+        await self._policy.settle(admission, ran=True)
+        if request.method == "satgate/budget":
+            return jsonrpc.result_response(request.id, await self._policy.budget_status(identity))
+        return jsonrpc.result_response(request.id, await self._policy.delegate(identity, request.params))
+
+    async def _call_tool(self, request: jsonrpc.Request, identity: Identity, session_id: str,
+                         on_progress: ProgressCallback | None) -> JsonObj:
+        params = request.params or {}
+        name = params.get("name")
+        if not isinstance(name, str) or not name:
+            raise GatewayError("tools/call needs a tool name", {"error": "invalid_params"},
+                               code=jsonrpc.INVALID_PARAMS)
+        if not identity.allows_tool(name):
+            self._metrics.refusals.labels(reason="tool_not_allowed").inc()
+            raise ToolNotAllowed(f"Tool {name!r} is not allowed for this token",
+                                 {"error": "tool_not_allowed", "tool": name})
+        upstream = self._pool.owner_of_tool(name)
+        if upstream is None:
+            raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
+        admission = None
+        if self._policy is not None:
+            admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
+                                                 request_id=request.id, params=params)
+        started = self._clock()
+        reply: JsonObj | None = None
+        failure: BaseException | None = None
+        outcome = "error"
+        try:
+            reply = await self._pool.call("tools/call", params, on_progress=on_progress)
+            outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")
+                                                        else "ok")
+            return reply
+        except UpstreamTimeout as exc:
+            failure, outcome = exc, "timeout"
+            raise
+        except UpstreamUnavailable as exc:
+            failure, outcome = exc, "unavailable"
+            raise
+        except BaseException as exc:
+            failure, outcome = exc, "cancelled"
+            raise
+        finally:
+            elapsed = self._clock() - started
+            self._metrics.tool_calls.labels(upstream=upstream, outcome=outcome).inc()
+            self._metrics.upstream_latency.labels(upstream=upstream, method="tools/call").observe(elapsed)
+            self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
+                                    tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))
+            if self._policy is not None and admission is not None:
+                await self._policy.settle(admission, ran=not certainly_not_run(reply, failure))
+
+

@@ -1,0 +1,48 @@
+"""Domain errors. Each carries the JSON-RPC error it becomes; none knows about HTTP."""
+
+from __future__ import annotations
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj
+
+
+class GatewayError(Exception):
+    """A refusal or failure that the client should see as a JSON-RPC error object."""
+
+    code: int = jsonrpc.INTERNAL_ERROR
+
+    def __init__(self, message: str, data: JsonObj | None = None, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+        if code is not None:
+            self.code = code
+
+    def to_error(self) -> JsonObj:
+        return jsonrpc.error_object(self.code, self.message, self.data)
+
+
+class UpstreamUnavailable(GatewayError):
+    """The upstream is down or its connection died while the call was in flight."""
+
+    code = jsonrpc.UPSTREAM_UNAVAILABLE
+
+
+class UpstreamTimeout(GatewayError):
+    """The upstream did not answer within its configured timeout."""
+
+    code = jsonrpc.UPSTREAM_TIMEOUT
+
+
+class UnknownTarget(GatewayError):
+    """No upstream advertises the tool, prompt or resource the client named."""
+
+    code = jsonrpc.INVALID_PARAMS
+
+
+class ToolNotAllowed(GatewayError):
+    code = jsonrpc.TOOL_NOT_ALLOWED
+
+
+class ConfigError(Exception):
+    """Configuration that cannot work; the message names what to fix."""

@@ -1,0 +1,81 @@
+"""Structured events and the publishers that deliver them.
+
+An event is a name plus flat fields. Publishers must never receive a bearer token: callers pass
+token ids, budget ids and session ids only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import structlog
+
+SESSION_CONNECT: Final = "session_connect"
+SESSION_CLOSE: Final = "session_close"
+AUTH_FAILURE: Final = "auth_failure"
+TOOL_CALL: Final = "tool_call"
+BUDGET_SPEND: Final = "budget_spend"
+BUDGET_EXHAUSTED: Final = "budget_exhausted"
+RATE_LIMITED: Final = "rate_limited"
+DELEGATION: Final = "delegation"
+UPSTREAM_RESTART: Final = "upstream_restart"
+
+
+class Publisher(Protocol):
+    def publish(self, event: str, **fields: Any) -> None: ...
+
+
+class LogPublisher:
+    """Every event becomes one structured log line."""
+
+    def __init__(self) -> None:
+        self._log = structlog.get_logger("satgate_mcp.events")
+
+    def publish(self, event: str, **fields: Any) -> None:
+        self._log.info(event, **fields)
+
+
+class JsonlFilePublisher:
+    """Appends one JSON object per line; each write is flushed so a crash loses nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._fh = path.open("a", encoding="utf-8")
+
+    def publish(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "ts": time.time(), **fields}, default=str, separators=(",", ":"))
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+class FanoutPublisher:
+    def __init__(self, publishers: Sequence[Publisher]) -> None:
+        self._publishers = tuple(publishers)
+
+    def publish(self, event: str, **fields: Any) -> None:
+        for p in self._publishers:
+            p.publish(event, **fields)
+
+
+class RecordingPublisher:
+    """Keeps events in memory; for tests and for embedding applications that poll."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [f for name, f in self.events if name == event]

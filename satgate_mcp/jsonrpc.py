@@ -1,0 +1,132 @@
+"""JSON-RPC 2.0 message shapes, parsing and constructors.
+
+Pure data: nothing here knows about HTTP, sessions or upstreams, so every layer can share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+JsonObj: TypeAlias = dict[str, Any]
+RequestId: TypeAlias = str | int
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Implementation-defined server errors (-32000..-32099).
+SERVER_ERROR = -32000
+TOOL_NOT_ALLOWED = -32001
+UPSTREAM_UNAVAILABLE = -32002
+UPSTREAM_TIMEOUT = -32003
+RATE_LIMITED = -32004
+REQUEST_CANCELLED = -32800
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: RequestId
+    method: str
+    params: JsonObj | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    method: str
+    params: JsonObj | None
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A result or an error reply; exactly one of ``result``/``error`` is set."""
+
+    id: RequestId | None
+    result: JsonObj | None
+    error: JsonObj | None
+
+
+Message: TypeAlias = Request | Notification | Response
+
+
+class InvalidMessage(ValueError):
+    """The value parsed as JSON but is not a JSON-RPC 2.0 message."""
+
+    def __init__(self, reason: str, request_id: RequestId | None = None) -> None:
+        super().__init__(reason)
+        self.request_id = request_id
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def parse_message(value: Any) -> Message:
+    """Classify one decoded JSON value; raise InvalidMessage with a readable reason."""
+    if not isinstance(value, dict):
+        raise InvalidMessage("a JSON-RPC message must be a JSON object")
+    raw_id = value.get("id")
+    known_id: RequestId | None = raw_id if _valid_id(raw_id) else None
+    if value.get("jsonrpc") != "2.0":
+        raise InvalidMessage('"jsonrpc" must be "2.0"', known_id)
+    params = value.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise InvalidMessage('"params" must be an object', known_id)
+    if "method" in value:
+        method = value["method"]
+        if not isinstance(method, str) or not method:
+            raise InvalidMessage('"method" must be a non-empty string', known_id)
+        if "id" not in value:
+            return Notification(method, params)
+        if known_id is None:
+            raise InvalidMessage('"id" must be a string or an integer')
+        return Request(known_id, method, params)
+    has_result, has_error = "result" in value, "error" in value
+    if has_result == has_error:
+        raise InvalidMessage("a message needs a method, or exactly one of result/error", known_id)
+    if "id" not in value or (raw_id is not None and known_id is None):
+        raise InvalidMessage('a response needs a string, integer or null "id"')
+    if has_error:
+        err = value["error"]
+        if not isinstance(err, dict) or not isinstance(err.get("code"), int):
+            raise InvalidMessage('"error" must be an object with an integer "code"', known_id)
+        return Response(known_id, None, err)
+    result = value["result"]
+    return Response(known_id, result if isinstance(result, dict) else {"value": result}, None)
+
+
+def error_object(code: int, message: str, data: JsonObj | None = None) -> JsonObj:
+    err: JsonObj = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return err
+
+
+def error_response(request_id: RequestId | None, code: int, message: str, data: JsonObj | None = None) -> JsonObj:
+    return {"jsonrpc": "2.0", "id": request_id, "error": error_object(code, message, data)}
+
+
+def result_response(request_id: RequestId | None, result: JsonObj) -> JsonObj:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def request_message(request_id: RequestId, method: str, params: JsonObj | None = None) -> JsonObj:
+    msg: JsonObj = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def notification_message(method: str, params: JsonObj | None = None) -> JsonObj:
+    msg: JsonObj = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def with_id(message: JsonObj, request_id: RequestId | None) -> JsonObj:
+    """Copy of a response with its id replaced: how replies travel back under the client's id."""
+    out = dict(message)
+    out["id"] = request_id
+    return out

@@ -1,0 +1,23 @@
+"""Every typed ``web.AppKey`` in one place, so shared state has one name and one type."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from satgate_mcp.auth.base import Authenticator
+from satgate_mcp.dispatch import Dispatcher, Policy, Pool
+from satgate_mcp.events import Publisher
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.sessions import SessionRegistry
+from satgate_mcp.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+REGISTRY = web.AppKey("registry", SessionRegistry)
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+POOL = web.AppKey("pool", Pool)
+POLICY = web.AppKey("policy", Policy)
+PUBLISHER = web.AppKey("publisher", Publisher)
+METRICS = web.AppKey("metrics", Metrics)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+#: True when this process serves unknown-but-valid session ids again (header auth mode only).
+RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)

@@ -1,0 +1,196 @@
+"""Every ``SATGATE_*`` setting, validated once at start.
+
+A bad value must stop the daemon with one line naming the variable, so validators raise
+plain ``ValueError`` with readable text and ``format_errors`` turns them into that line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "SATGATE_"
+MIN_ROOT_KEY_LENGTH = 32
+
+
+class StdioUpstreamSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    transport: Literal["stdio"]
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    timeout: float = Field(default=30.0, gt=0)
+    tool_prefix: str = ""
+
+
+class HttpUpstreamSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    transport: Literal["http"]
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=30.0, gt=0)
+    tool_prefix: str = ""
+
+
+UpstreamSpec = Annotated[StdioUpstreamSpec | HttpUpstreamSpec, Field(discriminator="transport")]
+
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+_PER_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+
+def parse_rate(text: str) -> float:
+    """``"10/s"`` -> 10.0 tokens per second; ``"600/m"`` -> 10.0."""
+    m = _RATE_RE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"expected a positive rate like '10/s' or '600/m', got {text!r}")
+    return float(m.group(1)) / _PER_SECONDS[m.group(2)]
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "control", "hard": "control",
+                       "soft": "control"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9100, ge=0, le=65535)
+
+    auth_mode: Literal["none", "config", "header"] = "none"
+    root_key: SecretStr | None = None
+    static_token: SecretStr | None = None
+
+    upstreams: dict[str, UpstreamSpec] = Field(default_factory=dict)
+
+    session_cap: int = Field(default=10000, ge=1)
+    session_idle_ttl: float = Field(default=1800.0, gt=0)
+    sweep_interval: float = Field(default=30.0, gt=0)
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    revocation_file: Path | None = None
+    oauth_resource_metadata_url: str | None = None
+    oauth_authorization_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    rate_limit: str | None = None
+    rate_burst: int | None = Field(default=None, ge=1)
+    enforcement: str = "observe"
+    tool_costs: dict[str, float] = Field(default_factory=dict)
+    default_cost: float = Field(default=1.0, ge=0)
+    budgets: dict[str, float] = Field(default_factory=dict)
+
+    events_file: Path | None = None
+    reuse_port: bool = True
+    drain_seconds: float = Field(default=25.0, ge=0)
+    redis_url: str | None = None
+
+    log_format: Literal["json", "console"] | None = None
+    log_level: str = "INFO"
+
+    @field_validator("allowed_origins", "allowed_hosts", "oauth_authorization_servers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @field_validator("upstreams", "tool_costs", "budgets", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"must be a JSON object ({exc.msg} at position {exc.pos})") from None
+            if not isinstance(value, dict):
+                raise ValueError("must be a JSON object")
+        return value
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstream_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"upstream name {name!r} may use only letters, digits, '_', '-', '.'")
+        return value
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is not None and value.strip():
+            parse_rate(value)
+            return value.strip()
+        return None
+
+    @field_validator("enforcement")
+    @classmethod
+    def _enforcement(cls, value: str) -> str:
+        key = value.strip().lower()
+        if key not in ENFORCEMENT_ALIASES:
+            raise ValueError("must be 'observe' or 'control' (or the older 'shadow', 'hard', 'soft')")
+        return ENFORCEMENT_ALIASES[key]
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
+
+    @field_validator("oauth_resource_metadata_url")
+    @classmethod
+    def _https_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not re.fullmatch(r"https://[^\s/?#]+(/[^\s#]*)?", value.strip()):
+            raise ValueError("must be an absolute https:// URL")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _auth_requirements(self) -> Settings:
+        if self.auth_mode == "header":
+            key = self.root_key.get_secret_value() if self.root_key else ""
+            if not key:
+                raise ValueError("SATGATE_ROOT_KEY is required when SATGATE_AUTH_MODE=header")
+            if len(key) < MIN_ROOT_KEY_LENGTH:
+                raise ValueError(f"SATGATE_ROOT_KEY must be at least {MIN_ROOT_KEY_LENGTH} characters")
+        if self.auth_mode == "config" and not (self.static_token and self.static_token.get_secret_value()):
+            raise ValueError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
+        return self
+
+    @property
+    def rate_per_second(self) -> float | None:
+        return parse_rate(self.rate_limit) if self.rate_limit else None
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Environment first, then the optional env-style config file, then defaults."""
+    if config_file is not None:
+        return Settings(_env_file=config_file, **overrides)  # type: ignore[call-arg]
+    return Settings(**overrides)
+
+
+def format_errors(exc: ValidationError) -> str:
+    """One line per problem, each naming the environment variable to fix."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        var = ENV_PREFIX + loc[0].upper() if loc else "configuration"
+        detail = ".".join(loc[1:])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"invalid {var}{' (' + detail + ')' if detail else ''}: {msg}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""HTTP transports: aiohttp handlers that turn requests into gateway decisions and back."""

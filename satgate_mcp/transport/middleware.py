@@ -1,0 +1,44 @@
+"""The canonical request line: one structured log line and one metric per HTTP request."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from satgate_mcp.metrics import Metrics
+
+#: Methods we label metrics with; anything else is "other" so clients cannot blow up cardinality.
+KNOWN_METHODS = frozenset({
+    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read",
+    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
+    "completion/complete", "logging/setLevel", "notifications/initialized", "notifications/cancelled",
+    "satgate/budget", "satgate/delegate", "response",
+})
+
+log = structlog.get_logger("satgate_mcp.http")
+
+
+def request_logger(metrics: Metrics) -> Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            rpc_method = request.get("rpc_method")
+            label = rpc_method if rpc_method in KNOWN_METHODS else ("other" if rpc_method else request.method)
+            metrics.requests.labels(method=label, status=str(status)).inc()
+            log.info("http_request", method=request.method, path=request.path, status=status,
+                     session_id=request.get("session_id"), rpc_method=rpc_method,
+                     duration_ms=round((time.perf_counter() - started) * 1000, 2))
+
+    return middleware

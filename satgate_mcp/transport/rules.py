@@ -1,0 +1,186 @@
+"""Which HTTP answer a request gets: small pure functions, driven from tables in tests.
+
+Every refusal on /mcp becomes a JSON-RPC error body, because the official clients only show
+the server's message when the body parses as JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.auth.base import AuthOutcome
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+
+#: Revisions served by the Streamable HTTP transport at /mcp, oldest first.
+STREAMABLE_VERSIONS: tuple[str, ...] = ("2025-03-26", "2025-06-18", "2025-11-25")
+#: The version assumed when a request carries no MCP-Protocol-Version header (spec, 2025-06-18).
+DEFAULT_VERSION_WITHOUT_HEADER = "2025-03-26"
+LATEST_VERSION = STREAMABLE_VERSIONS[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: int
+    error: str
+    message: str
+    code: int = jsonrpc.INVALID_REQUEST
+    headers: dict[str, str] = field(default_factory=dict)
+    extra: JsonObj = field(default_factory=dict)
+
+    def body(self, request_id: RequestId | None) -> JsonObj:
+        return jsonrpc.error_response(request_id, self.code, self.message, {"error": self.error, **self.extra})
+
+
+def negotiate_version(requested: object) -> str:
+    """The client's revision when we speak it, else our newest (the client decides whether to go on)."""
+    return requested if isinstance(requested, str) and requested in STREAMABLE_VERSIONS else LATEST_VERSION
+
+
+def _host_only(host_header: str) -> str:
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host_header: str | None, allowed_hosts: Sequence[str], bind_host: str) -> Refusal | None:
+    """DNS-rebinding guard: loopback Host values always pass; others must be listed.
+
+    When the daemon listens on a public address and no list is configured, any Host passes:
+    the operator exposed it on purpose and a proxy in front sets Host.
+    """
+    host = _host_only(host_header or "")
+    if is_loopback_host(host):
+        return None
+    allowed = {h.strip().lower() for h in allowed_hosts}
+    if host in allowed or (host_header or "").strip().lower() in allowed or "*" in allowed:
+        return None
+    if not allowed and not is_loopback_host(_host_only(bind_host)) and bind_host not in ("",):
+        return None
+    return Refusal(421, "host_not_allowed", f"Host {host_header!r} is not allowed (set SATGATE_ALLOWED_HOSTS)")
+
+
+def check_origin(origin: str | None, allowed_origins: Sequence[str]) -> Refusal | None:
+    """Browsers send Origin; a page from a site we do not know must not drive the gateway."""
+    if origin is None:
+        return None
+    normalized = origin.strip().rstrip("/").lower()
+    if normalized in {o.strip().rstrip("/").lower() for o in allowed_origins} or "*" in allowed_origins:
+        return None
+    parts = urlsplit(normalized)
+    if parts.scheme in ("http", "https") and parts.hostname and is_loopback_host(parts.hostname):
+        return None
+    return Refusal(403, "origin_not_allowed", f"Origin {origin!r} is not allowed (set SATGATE_ALLOWED_ORIGINS)")
+
+
+def _media_types(header: str | None) -> list[str]:
+    return [part.split(";", 1)[0].strip().lower() for part in (header or "").split(",") if part.strip()]
+
+
+def accepts(header: str | None, media_type: str) -> bool:
+    kinds = _media_types(header)
+    major = media_type.split("/", 1)[0]
+    return media_type in kinds or "*/*" in kinds or f"{major}/*" in kinds
+
+
+def check_accept(header: str | None) -> Refusal | None:
+    """JSON must be acceptable; SSE is used only when the client also accepts it."""
+    if header is None or accepts(header, "application/json"):
+        return None
+    return Refusal(406, "not_acceptable", "Accept must include application/json and text/event-stream")
+
+
+def check_content_type(header: str | None) -> Refusal | None:
+    if _media_types(header)[:1] == ["application/json"]:
+        return None
+    return Refusal(415, "unsupported_media_type", "Content-Type must be application/json")
+
+
+def body_too_large(limit: int) -> Refusal:
+    return Refusal(413, "body_too_large", f"request body is larger than {limit} bytes")
+
+
+PARSE_ERROR = Refusal(400, "parse_error", "Parse error: the body is not valid JSON", code=jsonrpc.PARSE_ERROR)
+MISSING_SESSION = Refusal(400, "missing_session_id", "Bad Request: Mcp-Session-Id header is required")
+INVALID_SESSION = Refusal(400, "invalid_session_id", "Bad Request: Mcp-Session-Id header is malformed")
+SESSION_NOT_FOUND = Refusal(404, "session_not_found", "Session not found: initialize a new session",
+                            code=jsonrpc.SERVER_ERROR)
+BATCH_NOT_ALLOWED = Refusal(400, "batch_not_supported",
+                            "JSON-RPC batches are only supported by protocol revision 2025-03-26")
+INITIALIZE_IN_BATCH = Refusal(400, "invalid_request", "initialize must not be part of a batch")
+EMPTY_BATCH = Refusal(400, "invalid_request", "an empty JSON array is not a valid JSON-RPC batch")
+GET_NOT_ALLOWED = Refusal(405, "method_not_allowed", "This server does not offer a server-initiated SSE stream",
+                          headers={"Allow": "POST, DELETE"})
+
+
+def invalid_message(reason: str) -> Refusal:
+    return Refusal(400, "invalid_request", f"Invalid Request: {reason}")
+
+
+def check_protocol_header(value: str | None) -> Refusal | None:
+    if value is None or value in STREAMABLE_VERSIONS:
+        return None
+    return Refusal(400, "unsupported_protocol_version",
+                   f"Unsupported MCP-Protocol-Version {value!r}; supported: {', '.join(STREAMABLE_VERSIONS)}",
+                   extra={"supported": list(STREAMABLE_VERSIONS)})
+
+
+def session_cap_reached(retry_after: int) -> Refusal:
+    return Refusal(503, "session_cap_reached", "Too many sessions; retry later",
+                   code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(retry_after)})
+
+
+def bearer_challenge(resource_metadata_url: str | None, error: str | None = None) -> str:
+    parts = ['Bearer realm="satgate-mcp"']
+    if error:
+        parts.append(f'error="{error}"')
+    if resource_metadata_url:
+        parts.append(f'resource_metadata="{resource_metadata_url}"')
+    return ", ".join(parts)
+
+
+def auth_refusal(outcome: AuthOutcome, resource_metadata_url: str | None) -> Refusal:
+    """The answer to a credential that did not pass. OAuth mode turns a revocation into a 401 challenge,
+    so OAuth clients fetch a new token instead of giving up."""
+    if outcome is AuthOutcome.REVOKED and not resource_metadata_url:
+        return Refusal(403, "token_revoked", "Forbidden: the token has been revoked", code=jsonrpc.SERVER_ERROR,
+                       extra={"code": "TOKEN_REVOKED"})
+    messages = {
+        AuthOutcome.MISSING: "Unauthorized: a bearer token is required (Authorization: Bearer <token>)",
+        AuthOutcome.INVALID: "Unauthorized: the bearer token is not valid",
+        AuthOutcome.EXPIRED: "Unauthorized: the bearer token has expired",
+        AuthOutcome.REVOKED: "Unauthorized: the bearer token has been revoked",
+    }
+    error = {AuthOutcome.MISSING: "unauthorized", AuthOutcome.INVALID: "invalid_token",
+             AuthOutcome.EXPIRED: "token_expired", AuthOutcome.REVOKED: "token_revoked"}[outcome]
+    extra: JsonObj = {"code": "TOKEN_REVOKED"} if outcome is AuthOutcome.REVOKED else {}
+    challenge_error = None if outcome is AuthOutcome.MISSING else "invalid_token"
+    return Refusal(401, error, messages.get(outcome, "Unauthorized"), code=jsonrpc.SERVER_ERROR,
+                   headers={"WWW-Authenticate": bearer_challenge(resource_metadata_url, challenge_error)},
+                   extra=extra)
+
+
+def token_mismatch(resource_metadata_url: str | None) -> Refusal:
+    """Another token presenting a live session: 403, or in OAuth mode the unknown-id 404 so the client
+    re-initializes with the token it now holds."""
+    if resource_metadata_url:
+        return SESSION_NOT_FOUND
+    return Refusal(403, "session_token_mismatch", "Forbidden: this session belongs to another token",
+                   code=jsonrpc.SERVER_ERROR)
+
+
+def request_ids(messages: Iterable[object]) -> list[RequestId]:
+    return [m.id for m in messages if isinstance(m, jsonrpc.Request)]

@@ -1,0 +1,293 @@
+"""Streamable HTTP at /mcp (revisions 2025-03-26, 2025-06-18, 2025-11-25).
+
+The handler walks a fixed ladder of checks, each a pure function in ``rules``; the first refusal
+is the answer. Sessions are found, or rebuilt from the verified token (resume), in the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from satgate_mcp import events, jsonrpc
+from satgate_mcp.auth.base import Authenticator, AuthResult
+from satgate_mcp.dispatch import Dispatcher
+from satgate_mcp.events import Publisher
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.sessions import RegistryFull, ResumeRefusal, Session, SessionRegistry, is_valid_session_id_syntax
+from satgate_mcp.settings import Settings
+from satgate_mcp.transport import rules
+from satgate_mcp.transport.rules import Refusal
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+
+log = structlog.get_logger("satgate_mcp.transport")
+
+InflightKey = tuple[str, RequestId]
+
+
+def json_answer(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
+                        content_type="application/json", headers=headers)
+
+
+def refusal_answer(refusal: Refusal, request_id: RequestId | None = None) -> web.Response:
+    return json_answer(refusal.body(request_id), refusal.status, dict(refusal.headers))
+
+
+def sse_event(message: JsonObj) -> bytes:
+    return b"event: message\ndata: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _progress_token(request: jsonrpc.Request) -> object:
+    meta = (request.params or {}).get("_meta")
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+class StreamableHttpTransport:
+    def __init__(self, *, settings: Settings, registry: SessionRegistry, authenticator: Authenticator,
+                 dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._auth = authenticator
+        self._dispatcher = dispatcher
+        self._publisher = publisher
+        self._metrics = metrics
+        self._inflight: dict[InflightKey, asyncio.Task[JsonObj]] = {}
+
+    @property
+    def resumes_sessions(self) -> bool:
+        return self._auth.mode == "header"
+
+    @property
+    def _oauth_url(self) -> str | None:
+        return self._settings.oauth_resource_metadata_url
+
+    def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
+        app.router.add_post(path, self.post)
+        app.router.add_delete(path, self.delete)
+        app.router.add_get(path, self.get)
+
+    # --- edges shared by every verb -------------------------------------------------------------
+
+    def _origin_and_host(self, request: web.Request) -> Refusal | None:
+        return (rules.check_host(request.headers.get("Host"), self._settings.allowed_hosts, self._settings.host)
+                or rules.check_origin(request.headers.get("Origin"), self._settings.allowed_origins))
+
+    async def _authenticate(self, request: web.Request) -> AuthResult | Refusal:
+        result = await self._auth.authenticate(request.headers.get("Authorization"))
+        if result.ok:
+            return result
+        self._metrics.refusals.labels(reason=str(result.outcome)).inc()
+        self._publisher.publish(events.AUTH_FAILURE, outcome=str(result.outcome), reason=result.reason,
+                                path=request.path, remote=request.remote)
+        return rules.auth_refusal(result.outcome, self._oauth_url)
+
+    async def _session_for(self, request: web.Request, session_id: str, *, may_resume: bool) -> Session | Refusal:
+        """The live session for this id and credential, or a session rebuilt from the verified token."""
+        auth = await self._authenticate(request)
+        if isinstance(auth, Refusal):
+            return auth
+        assert auth.identity is not None
+        session = self._registry.get(session_id)
+        if session is not None:
+            if self._auth.mode != "none" and not session.answers_to(auth.token):
+                self._metrics.refusals.labels(reason="session_token_mismatch").inc()
+                self._publisher.publish(events.AUTH_FAILURE, outcome="session_token_mismatch",
+                                        session_id=session_id, token_id=auth.identity.token_id)
+                return rules.token_mismatch(self._oauth_url)
+            session.identity = auth.identity
+            self._registry.touch(session)
+            return session
+        if not (may_resume and self.resumes_sessions):
+            return rules.SESSION_NOT_FOUND
+        version = request.headers.get(VERSION_HEADER) or rules.DEFAULT_VERSION_WITHOUT_HEADER
+        try:
+            outcome = self._registry.resume(session_id, auth.token, auth.identity, version)
+        except RegistryFull as full:
+            self._metrics.refusals.labels(reason="session_cap_reached").inc()
+            return rules.session_cap_reached(full.retry_after)
+        if isinstance(outcome, ResumeRefusal):
+            log.info("resume_refused", session_id=session_id, reason=str(outcome))
+            return rules.SESSION_NOT_FOUND
+        if outcome.created:
+            self._metrics.sessions_resumed.inc()
+        return outcome.session
+
+    # --- verbs ----------------------------------------------------------------------------------
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        """No server-initiated stream: 405 before and after a restart, and nothing is created."""
+        refusal = self._origin_and_host(request)
+        return refusal_answer(refusal or rules.GET_NOT_ALLOWED)
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        refusal = self._origin_and_host(request)
+        if refusal:
+            return refusal_answer(refusal)
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            return refusal_answer(rules.MISSING_SESSION)
+        if not is_valid_session_id_syntax(session_id):
+            return refusal_answer(rules.INVALID_SESSION)
+        request["session_id"] = session_id
+        found = await self._session_for(request, session_id, may_resume=False)
+        if isinstance(found, Refusal):
+            return refusal_answer(found)
+        self._registry.delete(session_id)
+        for key, task in list(self._inflight.items()):
+            if key[0] == session_id:
+                task.cancel()
+        return web.Response(status=200, headers={SESSION_HEADER: session_id})
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        refusal = (self._origin_and_host(request)
+                   or rules.check_content_type(request.headers.get("Content-Type"))
+                   or rules.check_accept(request.headers.get("Accept")))
+        if refusal:
+            return refusal_answer(refusal)
+        raw = await self._read_body(request)
+        if raw is None:
+            return refusal_answer(rules.body_too_large(self._settings.max_body_bytes))
+        try:
+            decoded = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return refusal_answer(rules.PARSE_ERROR)
+        is_batch = isinstance(decoded, list)
+        items = decoded if is_batch else [decoded]
+        if is_batch and not items:
+            return refusal_answer(rules.EMPTY_BATCH)
+        messages: list[jsonrpc.Message] = []
+        for item in items:
+            try:
+                messages.append(jsonrpc.parse_message(item))
+            except jsonrpc.InvalidMessage as exc:
+                return refusal_answer(rules.invalid_message(str(exc)), exc.request_id)
+        first_id = next(iter(rules.request_ids(messages)), None)
+        request["rpc_method"] = next((m.method for m in messages if not isinstance(m, jsonrpc.Response)), "response")
+
+        initializes = [m for m in messages if isinstance(m, jsonrpc.Request) and m.method == "initialize"]
+        if initializes:
+            if is_batch:
+                return refusal_answer(rules.INITIALIZE_IN_BATCH, initializes[0].id)
+            return await self._initialize(request, initializes[0])
+
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            return refusal_answer(rules.MISSING_SESSION, first_id)
+        if not is_valid_session_id_syntax(session_id):
+            return refusal_answer(rules.INVALID_SESSION, first_id)
+        request["session_id"] = session_id
+        bad_version = rules.check_protocol_header(request.headers.get(VERSION_HEADER))
+        if bad_version:
+            return refusal_answer(bad_version, first_id)
+        found = await self._session_for(request, session_id, may_resume=True)
+        if isinstance(found, Refusal):
+            return refusal_answer(found, first_id)
+        session = found
+        if is_batch and session.protocol_version != "2025-03-26":
+            return refusal_answer(rules.BATCH_NOT_ALLOWED, first_id)
+
+        for m in messages:
+            if isinstance(m, jsonrpc.Notification):
+                self._on_notification(session, m)
+        requests = [m for m in messages if isinstance(m, jsonrpc.Request)]
+        headers = {SESSION_HEADER: session.id}
+        if not requests:
+            return web.Response(status=202, headers=headers)
+        if is_batch:
+            replies = await asyncio.gather(*(self._run(session, r, None) for r in requests))
+            return json_answer(replies, headers=headers)
+        single = requests[0]
+        if _progress_token(single) is not None and rules.accepts(request.headers.get("Accept"), "text/event-stream"):
+            return await self._stream(request, session, single, headers)
+        return json_answer(await self._run(session, single, None), headers=headers)
+
+    # --- pieces ---------------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        """The body, or None once it passes the limit; we never buffer more than limit + one chunk."""
+        limit = self._settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _initialize(self, request: web.Request, init: jsonrpc.Request) -> web.StreamResponse:
+        auth = await self._authenticate(request)
+        if isinstance(auth, Refusal):
+            return refusal_answer(auth, init.id)
+        assert auth.identity is not None
+        params = init.params or {}
+        version = rules.negotiate_version(params.get("protocolVersion"))
+        try:
+            session = self._registry.open(auth.token, auth.identity, version)
+        except RegistryFull as full:
+            self._metrics.refusals.labels(reason="session_cap_reached").inc()
+            return refusal_answer(rules.session_cap_reached(full.retry_after), init.id)
+        client_info = params.get("clientInfo")
+        if isinstance(client_info, dict):
+            session.client_info = {k: v for k, v in client_info.items() if k in ("name", "version")}
+        self._metrics.sessions_opened.inc()
+        request["session_id"] = session.id
+        body = jsonrpc.result_response(init.id, self._dispatcher.initialize_result(version))
+        return json_answer(body, headers={SESSION_HEADER: session.id, VERSION_HEADER: version})
+
+    def _on_notification(self, session: Session, note: jsonrpc.Notification) -> None:
+        if note.method == "notifications/cancelled":
+            request_id = (note.params or {}).get("requestId")
+            if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+                task = self._inflight.get((session.id, request_id))
+                if task is not None:
+                    task.cancel()
+
+    async def _run(self, session: Session, request: jsonrpc.Request,
+                   on_progress: Callable[[JsonObj], Awaitable[None]] | None) -> JsonObj:
+        """Run one request as its own task so a client's notifications/cancelled can stop it."""
+        key = (session.id, request.id)
+        task = asyncio.ensure_future(self._dispatcher.handle(
+            request, identity=session.identity, session_id=session.id, on_progress=on_progress))
+        self._inflight[key] = task
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            if self._inflight.get(key) is task:
+                del self._inflight[key]
+        if task.cancelled():
+            return jsonrpc.error_response(request.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled",
+                                          {"error": "cancelled"})
+        return task.result()
+
+    async def _stream(self, request: web.Request, session: Session, call: jsonrpc.Request,
+                      headers: dict[str, str]) -> web.StreamResponse:
+        """Progress notifications for this request, then its response, as one SSE stream."""
+        response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache, no-transform"})
+        await response.prepare(request)
+
+        async def on_progress(params: JsonObj) -> None:
+            # The client may have left; the call itself still completes and is settled.
+            with contextlib.suppress(ConnectionError):
+                await response.write(sse_event(jsonrpc.notification_message("notifications/progress", params)))
+
+        reply = await self._run(session, call, on_progress)
+        await response.write(sse_event(reply))
+        await response.write_eof()
+        return response

@@ -1,0 +1,1 @@
+"""Connections to upstream MCP servers, shared by every client session."""

@@ -1,0 +1,76 @@
+"""What every upstream connection offers the pool.
+
+An upstream is one long-lived MCP client connection (a stdio child or a Streamable HTTP server)
+shared by all client sessions. It assigns its own JSON-RPC ids and progress tokens so many
+clients can multiplex over it, and maps replies and progress back to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from satgate_mcp.jsonrpc import JsonObj
+
+#: Receives ``notifications/progress`` params with the caller's own progress token restored.
+ProgressCallback = Callable[[JsonObj], Awaitable[None]]
+#: Receives server-initiated notifications (method, params), e.g. ``notifications/tools/list_changed``.
+NotificationCallback = Callable[[str, JsonObj | None], Awaitable[None]]
+
+#: The protocol revision the gateway speaks to its upstreams.
+UPSTREAM_PROTOCOL_VERSION = "2025-06-18"
+
+
+class Upstream(Protocol):
+    name: str
+
+    @property
+    def ready(self) -> bool:
+        """True once initialized and connected; False while starting or restarting."""
+        ...
+
+    @property
+    def initialize_result(self) -> JsonObj | None:
+        """The upstream's ``initialize`` result (capabilities, serverInfo), once initialized."""
+        ...
+
+    async def start(self, on_notification: NotificationCallback) -> None:
+        """Begin connecting in the background; never raises because the upstream is down."""
+        ...
+
+    async def wait_ready(self, timeout: float) -> bool: ...
+
+    async def request(
+        self,
+        method: str,
+        params: JsonObj | None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> JsonObj:
+        """Send one request and return the upstream's reply message (``result`` or ``error`` key).
+
+        Raises ``UpstreamUnavailable`` when the connection is down or dies in flight and
+        ``UpstreamTimeout`` after the timeout (having sent ``notifications/cancelled``).
+        Cancelling the awaiting task also sends ``notifications/cancelled`` upstream.
+        """
+        ...
+
+    async def notify(self, method: str, params: JsonObj | None) -> None: ...
+
+    async def close(self) -> None:
+        """Stop for good: fail calls in flight, terminate a child and reap it."""
+        ...
+
+
+def strip_client_credentials(params: JsonObj | None) -> JsonObj | None:
+    """Drop ``_meta.token`` so a client's bearer token never reaches an upstream."""
+    if not params or not isinstance(params.get("_meta"), dict) or "token" not in params["_meta"]:
+        return params
+    meta = {k: v for k, v in params["_meta"].items() if k != "token"}
+    out = dict(params)
+    if meta:
+        out["_meta"] = meta
+    else:
+        del out["_meta"]
+    return out
