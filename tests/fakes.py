@@ -1,0 +1,79 @@
+"""In-process stand-ins for the upstream pool and the policy, for transport tests that need no child process.
+
+Tests of the upstream layer itself use real MCP servers (tests/upstream_server.py); these fakes only let
+HTTP-level rules be checked quickly and deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.auth.base import Identity
+from satgate_mcp.errors import UnknownTarget
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.upstream.base import ProgressCallback
+
+
+class FakePool:
+    """Tools ``echo`` (returns its text), ``progress`` (one progress step first) and ``block`` (waits on an event)."""
+
+    def __init__(self, tools: list[str] | None = None) -> None:
+        self.tool_names = tools or ["echo", "progress", "block", "secret_tool"]
+        self.calls: list[tuple[str, JsonObj | None]] = []
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    def readiness(self) -> dict[str, bool]:
+        return {"fake": True}
+
+    def capabilities(self) -> JsonObj:
+        return {"tools": {"listChanged": True}}
+
+    def tools(self) -> list[JsonObj]:
+        return [{"name": n, "inputSchema": {"type": "object"}} for n in self.tool_names]
+
+    def owner_of_tool(self, name: str) -> str | None:
+        return "fake" if name in self.tool_names else None
+
+    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                   ) -> JsonObj:
+        self.calls.append((method, params))
+        args = (params or {}).get("arguments") or {}
+        name = (params or {}).get("name")
+        if method != "tools/call" or name not in self.tool_names:
+            raise UnknownTarget(f"unknown: {name}")
+        if name == "progress" and on_progress is not None:
+            token = ((params or {}).get("_meta") or {}).get("progressToken")
+            await on_progress({"progressToken": token, "progress": 1, "total": 2})
+        if name == "block":
+            self.started.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        text = str(args.get("text", name))
+        return jsonrpc.result_response(0, {"content": [{"type": "text", "text": text}], "isError": False})
+
+
+class AllowAllPolicy:
+    """Admits everything and records what it settled."""
+
+    def __init__(self) -> None:
+        self.settled: list[bool] = []
+
+    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
+                    request_id: RequestId, params: JsonObj | None) -> Any:
+        return (identity.token_id, tool)
+
+    async def settle(self, admission: Any, *, ran: bool) -> None:
+        self.settled.append(ran)
+
+    async def budget_status(self, identity: Identity) -> JsonObj:
+        return {"tokenId": identity.token_id, "budgetId": identity.budget_key, "remaining": -1}
+
+    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
+        return {}
