@@ -19,11 +19,10 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.engine import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
 
 TOOLS_PAGE_SIZE = 500
-#: Upstream answers that prove the call was never run, so it must not be charged.
-NOT_RUN_CODES = frozenset({jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS})
 #: Methods forwarded to the pool as they are.
 FORWARDED = frozenset({
     "resources/list", "resources/templates/list", "resources/read", "resources/subscribe",
@@ -73,13 +72,6 @@ def page(items: list[JsonObj], cursor: object, size: int = TOOLS_PAGE_SIZE) -> t
     start = decode_cursor(cursor)
     end = start + size
     return items[start:end], (encode_cursor(end) if end < len(items) else None)
-
-
-def certainly_not_run(reply: JsonObj | None, exc: BaseException | None) -> bool:
-    if isinstance(exc, UpstreamUnavailable):
-        return True
-    error = (reply or {}).get("error")
-    return isinstance(error, dict) and error.get("code") in NOT_RUN_CODES
 
 
 class Dispatcher:
@@ -188,6 +180,6 @@ class Dispatcher:
             self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
                                     tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))
             if self._policy is not None and admission is not None:
-                await self._policy.settle(admission, ran=not certainly_not_run(reply, failure))
+                await self._policy.settle(admission, ran=not upstream_certainly_did_not_run(reply, failure))
 
 

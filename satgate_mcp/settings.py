@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     rate_limit: str | None = None
     rate_burst: int | None = Field(default=None, ge=1)
     enforcement: str = "observe"
-    tool_costs: dict[str, float] = Field(default_factory=dict)
+    tool_rate_limits: dict[str, str] = Field(default_factory=dict)
+    tool_costs: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     default_cost: float = Field(default=1.0, ge=0)
     budgets: dict[str, float] = Field(default_factory=dict)
 
@@ -107,7 +108,7 @@ class Settings(BaseSettings):
     def _comma_list(cls, value: Any) -> Any:
         return _split_commas(value)
 
-    @field_validator("upstreams", "tool_costs", "budgets", mode="before")
+    @field_validator("upstreams", "tool_costs", "budgets", "tool_rate_limits", mode="before")
     @classmethod
     def _json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -134,6 +135,16 @@ class Settings(BaseSettings):
             parse_rate(value)
             return value.strip()
         return None
+
+    @field_validator("tool_rate_limits")
+    @classmethod
+    def _tool_rates(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern, rate in value.items():
+            try:
+                parse_rate(rate)
+            except ValueError as exc:
+                raise ValueError(f"{pattern!r}: {exc}") from None
+        return value
 
     @field_validator("enforcement")
     @classmethod

@@ -1,0 +1,183 @@
+"""Rate limits: a token bucket per verified token id (and optionally per tool pattern).
+
+We keep our own bucket instead of the ``limits`` package: ``limits`` has only window
+strategies (no bucket with a burst separate from the rate), reads ``time.time()`` itself so
+it cannot be driven by a fake clock, and wants whole amounts per whole window; the bucket is a
+few lines here and one small Lua script for Redis (``redis_stores.py``).
+
+The default burst is one second's worth of the rate, at least 1 (``600/m`` -> 10): a rate
+limit protects the upstreams from bursts; totals are what budgets are for.
+``SATGATE_RATE_BURST`` raises it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from satgate_mcp.errors import ConfigError
+from satgate_mcp.settings import parse_rate
+
+#: Float slack so that refills landing a hair under a whole token still count.
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class RateSpec:
+    per_second: float
+    burst: int
+
+    @property
+    def full_after(self) -> float:
+        """Seconds an empty bucket needs to refill; an idle bucket older than this is a new one."""
+        return self.burst / self.per_second
+
+
+def default_burst(per_second: float) -> int:
+    return max(1, math.ceil(per_second - _EPSILON))
+
+
+def rate_spec(text: str, burst: int | None = None) -> RateSpec:
+    """``"10/s"`` -> 10 per second, burst 10; raises ValueError on bad text."""
+    per_second = parse_rate(text)
+    if burst is not None and burst < 1:
+        raise ValueError(f"burst must be at least 1, got {burst}")
+    return RateSpec(per_second, burst if burst is not None else default_burst(per_second))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRate:
+    """A per-token rate for the tools a pattern (exact, ``prefix*`` or ``*``) names."""
+
+    pattern: str
+    spec: RateSpec
+
+
+def parse_tool_rates(raw: Mapping[str, str]) -> tuple[ToolRate, ...]:
+    """``{"search_*": "1/s"}`` -> rules; a bad entry raises ConfigError naming it."""
+    rules = []
+    for pattern, text in raw.items():
+        if not isinstance(pattern, str) or not pattern or "*" in pattern[:-1]:
+            raise ConfigError(f"tool rate limit pattern {pattern!r}: use a name, 'prefix*' or '*'")
+        if not isinstance(text, str):
+            raise ConfigError(f"tool rate limit for {pattern!r}: expected a rate like '10/s', got {text!r}")
+        try:
+            rules.append(ToolRate(pattern, rate_spec(text)))
+        except ValueError as exc:
+            raise ConfigError(f"tool rate limit for {pattern!r}: {exc}") from None
+    return tuple(rules)
+
+
+def most_specific(patterns: Sequence[str], tool: str) -> str | None:
+    """The exact name, else the longest matching ``prefix*``, else ``*``; None when nothing matches."""
+    if tool in patterns:
+        return tool
+    best: str | None = None
+    for p in patterns:
+        if p.endswith("*") and tool.startswith(p[:-1]) and (best is None or len(p) > len(best)):
+            best = p
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One bucket to draw from: its store key and its rate."""
+
+    key: str
+    spec: RateSpec
+
+
+def buckets_for(
+    token_id: str, tool: str | None, *, overall: RateSpec | None, tool_rates: Sequence[ToolRate]
+) -> tuple[Bucket, ...]:
+    """Every bucket a call draws one token from; keyed by token id only, never by session."""
+    out = []
+    if overall is not None:
+        out.append(Bucket(f"rate:{token_id}", overall))
+    if tool is not None and tool_rates:
+        by_pattern = {r.pattern: r for r in tool_rates}
+        chosen = most_specific(list(by_pattern), tool)
+        if chosen is not None:
+            out.append(Bucket(f"rate:{token_id}:tool:{chosen}", by_pattern[chosen].spec))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    tokens: float
+    updated: float
+
+
+def refill(state: BucketState | None, spec: RateSpec, now: float) -> BucketState:
+    """The bucket as it stands at ``now``; a new bucket starts full."""
+    if state is None:
+        return BucketState(float(spec.burst), now)
+    elapsed = max(0.0, now - state.updated)
+    return BucketState(min(float(spec.burst), state.tokens + elapsed * spec.per_second), max(now, state.updated))
+
+
+def wait_for_token(state: BucketState, spec: RateSpec) -> float:
+    """Seconds until the (refilled) bucket holds one whole token; 0 when it does now."""
+    missing = 1.0 - state.tokens
+    return 0.0 if missing <= _EPSILON else missing / spec.per_second
+
+
+def retry_after_seconds(wait: float) -> int:
+    """What the client is told: whole seconds, rounded up, at least 1."""
+    return max(1, math.ceil(wait - _EPSILON))
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, buckets: Sequence[Bucket]) -> float:
+        """Take one token from every bucket, or from none: 0.0 when allowed, else seconds to wait."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryRateLimiter:
+    """Buckets in this process; a restart starts every bucket full.
+
+    Memory stays bounded by the number of active tokens: when the map passes ``cap`` buckets,
+    those idle long enough to be full again are dropped (a dropped bucket and a new one are the
+    same thing); if most are busy, the next sweep waits until the map has doubled.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, cap: int = 100_000) -> None:
+        self._clock = clock
+        self._cap = cap
+        self._next_sweep = cap
+        self._states: dict[str, tuple[BucketState, RateSpec]] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    async def acquire(self, buckets: Sequence[Bucket]) -> float:
+        # No await inside: check-and-take is atomic on the event loop.
+        now = self._clock()
+        current = []
+        wait = 0.0
+        for b in buckets:
+            known = self._states.get(b.key)
+            state = refill(known[0] if known else None, b.spec, now)
+            current.append((b, state))
+            wait = max(wait, wait_for_token(state, b.spec))
+        if wait > 0:
+            return wait
+        for b, state in current:
+            self._states[b.key] = (BucketState(state.tokens - 1.0, state.updated), b.spec)
+        if len(self._states) > self._next_sweep:
+            self._drop_full(now)
+        return 0.0
+
+    def _drop_full(self, now: float) -> None:
+        for key, (state, spec) in list(self._states.items()):
+            if now - state.updated >= spec.full_after:
+                del self._states[key]
+        self._next_sweep = max(self._cap, 2 * len(self._states))
+
+    async def close(self) -> None:
+        self._states.clear()

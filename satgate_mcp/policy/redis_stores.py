@@ -1,0 +1,207 @@
+"""Redis-backed rate limiter, budget store and duplicate guard, shared by every gateway process.
+
+Each check-and-change is one Lua script, so it is atomic on the Redis server however many
+processes call it. Numbers travel as ``%.17g`` strings (Lua numbers returned to Redis would be
+truncated to integers). Keys live under one prefix; the budget transfer touches two keys, so on
+a Redis Cluster both would need one hash slot (a single Redis, or a proxy, is assumed here).
+Rate buckets take ``now`` from the caller's wall clock, so machines need roughly synced clocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as redis
+
+from satgate_mcp.policy.budget import DUPLICATE_TTL_SECONDS, Charge
+from satgate_mcp.policy.limits import Bucket
+
+DEFAULT_PREFIX = "satgate:"
+
+_RATE_LUA = """
+local now = tonumber(ARGV[1])
+local wait = 0
+local tokens, stamps = {}, {}
+for i = 1, #KEYS do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local st = redis.call('HMGET', KEYS[i], 't', 'ts')
+  local t, ts = tonumber(st[1]), tonumber(st[2])
+  if t == nil or ts == nil then t, ts = burst, now end
+  if now > ts then t = math.min(burst, t + (now - ts) * rate); ts = now end
+  tokens[i], stamps[i] = t, ts
+  local missing = 1 - t
+  if missing > 1e-9 and missing / rate > wait then wait = missing / rate end
+end
+if wait > 0 then return string.format('%.17g', wait) end
+for i = 1, #KEYS do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  redis.call('HSET', KEYS[i], 't', string.format('%.17g', tokens[i] - 1), 'ts', string.format('%.17g', stamps[i]))
+  redis.call('PEXPIRE', KEYS[i], math.ceil(burst / rate * 1000) + 1000)
+end
+return '0'
+"""
+
+# KEYS[1] budget; ARGV cost, limit ('' = unlimited), enforce ('1'/'0').
+# Returns {status, remaining, exceeded}: status ok | refused | unlimited.
+_CHARGE_LUA = """
+local limit = redis.call('HGET', KEYS[1], 'limit')
+local spent = 0
+if limit then
+  spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
+else
+  if ARGV[2] == '' then return {'unlimited', '', '0'} end
+  limit = ARGV[2]
+  redis.call('HSET', KEYS[1], 'limit', limit, 'spent', '0')
+end
+limit = tonumber(limit)
+local cost = tonumber(ARGV[1])
+local exceeded = cost > limit - spent + 1e-9
+if exceeded and ARGV[3] == '1' then
+  return {'refused', string.format('%.17g', limit - spent), '1'}
+end
+spent = spent + cost
+redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', spent))
+return {'ok', string.format('%.17g', limit - spent), exceeded and '1' or '0'}
+"""
+
+_REFUND_LUA = """
+local spent = redis.call('HGET', KEYS[1], 'spent')
+if not spent then return 0 end
+local left = math.max(0, tonumber(spent) - tonumber(ARGV[1]))
+redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', left))
+return 1
+"""
+
+# KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited).
+# Returns {status, parent remaining ('' = unlimited)}: status ok | insufficient | exists.
+_TRANSFER_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists', ''} end
+local amount = tonumber(ARGV[1])
+local limit = redis.call('HGET', KEYS[1], 'limit')
+local spent = 0
+if limit then
+  spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
+elseif ARGV[2] ~= '' then
+  limit = ARGV[2]
+  redis.call('HSET', KEYS[1], 'limit', limit, 'spent', '0')
+end
+local remaining = ''
+if limit then
+  limit = tonumber(limit)
+  if amount > limit - spent + 1e-9 then
+    return {'insufficient', string.format('%.17g', limit - spent)}
+  end
+  spent = spent + amount
+  redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', spent))
+  remaining = string.format('%.17g', limit - spent)
+end
+redis.call('HSET', KEYS[2], 'limit', ARGV[1], 'spent', '0')
+return {'ok', remaining}
+"""
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _opt_float(value: Any) -> float | None:
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return float(text) if text else None
+
+
+class RedisRateLimiter:
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._prefix = prefix
+        self._clock = clock
+        self._script = client.register_script(_RATE_LUA)
+
+    async def acquire(self, buckets: Sequence[Bucket]) -> float:
+        if not buckets:
+            return 0.0
+        args: list[str] = [_num(self._clock())]
+        for b in buckets:
+            args += [_num(b.spec.per_second), str(b.spec.burst)]
+        wait = await self._script(keys=[self._prefix + b.key for b in buckets], args=args)
+        return float(wait)
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisBudgetStore:
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self._client = client
+        self._prefix = prefix + "budget:"
+        self._charge = client.register_script(_CHARGE_LUA)
+        self._refund = client.register_script(_REFUND_LUA)
+        self._transfer = client.register_script(_TRANSFER_LUA)
+
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+        status, remaining, exceeded = await self._charge(
+            keys=[self._prefix + key], args=[_num(cost), _num(limit), "1" if enforce else "0"])
+        status = status.decode() if isinstance(status, bytes) else status
+        return Charge(status != "refused", _opt_float(remaining), exceeded=_opt_float(exceeded) == 1)
+
+    async def refund(self, key: str, amount: float) -> None:
+        await self._refund(keys=[self._prefix + key], args=[_num(amount)])
+
+    async def remaining(self, key: str, *, limit: float | None) -> float | None:
+        stored_limit, spent = await self._client.hmget(self._prefix + key, ["limit", "spent"])
+        if stored_limit is None:
+            return limit
+        return float(stored_limit) - float(spent or 0)
+
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None) -> Charge:
+        status, remaining = await self._transfer(
+            keys=[self._prefix + parent, self._prefix + child], args=[_num(amount), _num(parent_limit)])
+        status = status.decode() if isinstance(status, bytes) else status
+        return Charge(status == "ok", _opt_float(remaining), exceeded=status == "insufficient")
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisDuplicateStore:
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
+                 ttl: float = DUPLICATE_TTL_SECONDS) -> None:
+        self._client = client
+        self._prefix = prefix + "dup:"
+        self._ttl_ms = max(1, int(ttl * 1000))
+
+    async def claim(self, key: str) -> bool:
+        return bool(await self._client.set(self._prefix + key, b"1", nx=True, px=self._ttl_ms))
+
+    async def release(self, key: str) -> None:
+        await self._client.delete(self._prefix + key)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStores:
+    """The three stores over one client; ``aclose`` closes the client once."""
+
+    client: redis.Redis
+    rate_limiter: RedisRateLimiter
+    budgets: RedisBudgetStore
+    duplicates: RedisDuplicateStore
+
+    @classmethod
+    def from_client(cls, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
+                    clock: Callable[[], float] = time.time,
+                    duplicate_ttl: float = DUPLICATE_TTL_SECONDS) -> RedisStores:
+        return cls(client, RedisRateLimiter(client, prefix=prefix, clock=clock),
+                   RedisBudgetStore(client, prefix=prefix),
+                   RedisDuplicateStore(client, prefix=prefix, ttl=duplicate_ttl))
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX) -> RedisStores:
+        return cls.from_client(redis.Redis.from_url(url), prefix=prefix)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,62 @@
+"""Shared test doubles for the policy tests: a fake clock and a recording minter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.settings import Settings
+
+ROOT_KEY = "k" * 32
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeMinter:
+    """Records what it was asked to mint and returns a recognisable fake token."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, root_key: str, token_id: str, *, ttl: float | None = None,
+                 tools: Sequence[str] | None = None, budget_id: str | None = None,
+                 budget_limit: float | None = None, tenant: str | None = None, parent_id: str | None = None,
+                 depth: int = 0, now: float | None = None, ancestors: Sequence[str] = (),
+                 max_depth: int | None = None) -> str:
+        self.calls.append({"token_id": token_id, "ttl": ttl, "tools": tools, "budget_id": budget_id,
+                           "budget_limit": budget_limit, "tenant": tenant, "parent_id": parent_id,
+                           "depth": depth, "now": now, "ancestors": tuple(ancestors), "max_depth": max_depth})
+        return f"fake-token-for-{token_id}"
+
+
+def settings(**overrides: Any) -> Settings:
+    base: dict[str, Any] = {"auth_mode": "header", "root_key": ROOT_KEY, "enforcement": "control"}
+    base.update(overrides)
+    return Settings(**base)
+
+
+def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, **overrides: Any
+                ) -> tuple[CallPolicy, RecordingPublisher, Metrics, FakeMinter]:
+    publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
+    kwargs = {k: overrides.pop(k) for k in ("tool_rate_limits", "max_delegation_depth", "new_id")
+              if k in overrides}
+    policy = CallPolicy(settings(**overrides), publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
+                        wall_clock=wall or FakeClock(1_700_000_000.0), minter=minter, **kwargs)
+    return policy, publisher, metrics, minter
+
+
+def refusals(metrics: Metrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value("satgate_refusals_total", {"reason": reason})
+    return value or 0.0

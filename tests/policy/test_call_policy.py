@@ -1,0 +1,370 @@
+"""The CallPolicy facade: what the transports see when they admit, settle, ask and delegate."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from satgate_mcp import events
+from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.macaroons import verify_token
+from satgate_mcp.errors import GatewayError, UnknownTarget, UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy import CallPolicy, upstream_certainly_did_not_run
+from tests.policy.helpers import ROOT_KEY, FakeClock, make_policy, refusals, settings
+
+ALICE = Identity("alice", budget_limit=10)
+WALL = 1_700_000_000.0
+
+
+def call(name: str = "echo", **arguments: Any) -> JsonObj:
+    return {"name": name, "arguments": arguments}
+
+
+async def admit_tool(policy: CallPolicy, identity: Identity = ALICE, tool: str = "echo", *, session: str = "s1",
+                     request_id: int | str = 1, params: JsonObj | None = None) -> Any:
+    return await policy.admit(identity, method="tools/call", tool=tool, session_id=session, request_id=request_id,
+                              params=params if params is not None else call(tool))
+
+
+async def refusal(coro: Any) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        await coro
+    return info.value
+
+
+# -- rate limits ---------------------------------------------------------------------------------------
+
+
+async def test_rate_limit_refusal_shape_and_no_charge() -> None:
+    clock = FakeClock()
+    policy, publisher, metrics, _ = make_policy(clock, rate_limit="2/s")
+    await admit_tool(policy, request_id=1)
+    await admit_tool(policy, request_id=2)
+    err = await refusal(admit_tool(policy, request_id=3))
+    assert (err.code, err.message, err.data) == (-32004, "rate limit exceeded",
+                                                 {"error": "rate_limited", "retry_after_seconds": 1})
+    assert refusals(metrics, "rate_limited") == 1
+    assert publisher.named(events.RATE_LIMITED) == [
+        {"token_id": "alice", "method": "tools/call", "tool": "echo", "retry_after_seconds": 1}]
+    assert (await policy.budget_status(ALICE))["remaining"] == 8  # the refused call paid nothing
+    clock.advance(0.5)
+    await admit_tool(policy, request_id=4)
+
+
+async def test_retry_after_rounds_up_for_slow_rates() -> None:
+    policy, *_ = make_policy(rate_limit="6/m")
+    await admit_tool(policy)
+    err = await refusal(admit_tool(policy, request_id=2))
+    assert err.data == {"error": "rate_limited", "retry_after_seconds": 10}
+
+
+async def test_gateway_methods_share_the_bucket_other_methods_pass() -> None:
+    policy, *_ = make_policy(rate_limit="1/s")
+    for _ in range(3):
+        await policy.admit(ALICE, method="tools/list", tool=None, session_id="s", request_id=1, params=None)
+    await policy.admit(ALICE, method="satgate/budget", tool=None, session_id="s", request_id=2, params=None)
+    err = await refusal(admit_tool(policy, request_id=3))
+    assert err.code == -32004
+
+
+async def test_rate_limit_is_per_token() -> None:
+    policy, *_ = make_policy(rate_limit="1/s")
+    await admit_tool(policy, ALICE)
+    await admit_tool(policy, Identity("bob"))
+    with pytest.raises(GatewayError):
+        await admit_tool(policy, ALICE, request_id=2)
+
+
+async def test_no_rate_limit_when_unset() -> None:
+    policy, *_ = make_policy()
+    for i in range(50):
+        await admit_tool(policy, Identity("free"), request_id=i)
+
+
+async def test_per_tool_rate_limits() -> None:
+    policy, *_ = make_policy(tool_rate_limits={"db_*": "1/s"}, rate_limit="100/s")
+    await admit_tool(policy, tool="db_query")
+    assert (await refusal(admit_tool(policy, tool="db_write", request_id=2))).code == -32004
+    await admit_tool(policy, tool="echo", request_id=3)
+
+
+# -- budgets ---------------------------------------------------------------------------------------------
+
+
+async def test_budget_exhausted_refusal_shape() -> None:
+    policy, publisher, metrics, _ = make_policy(tool_costs={"expensive": 4})
+    identity = Identity("alice", budget_id="team", budget_limit=10)
+    await admit_tool(policy, identity, "expensive", request_id=1)
+    await admit_tool(policy, identity, "expensive", request_id=2)
+    err = await refusal(admit_tool(policy, identity, "expensive", request_id=3))
+    assert (err.code, err.message) == (-32000, "Budget exhausted")
+    assert err.data == {"error": "budget_exhausted", "tool": "expensive", "cost_credits": 4,
+                        "remaining_credits": 2, "token_id": "alice", "budget_id": "team"}
+    assert refusals(metrics, "budget_exhausted") == 1
+    assert publisher.named(events.BUDGET_EXHAUSTED) == [
+        {"token_id": "alice", "budget_id": "team", "tool": "expensive", "cost": 4, "remaining": 2, "enforced": True}]
+    assert [e["remaining"] for e in publisher.named(events.BUDGET_SPEND)] == [6, 2]
+
+
+async def test_observe_charges_and_logs_but_never_refuses() -> None:
+    policy, publisher, metrics, _ = make_policy(enforcement="shadow", tool_costs={"*": 4})
+    for i in range(5):
+        await admit_tool(policy, request_id=i)
+    assert (await policy.budget_status(ALICE))["remaining"] == 0
+    assert [e["enforced"] for e in publisher.named(events.BUDGET_EXHAUSTED)] == [False, False, False]
+    assert refusals(metrics, "budget_exhausted") == 0
+
+
+async def test_budget_status_and_unlimited() -> None:
+    policy, *_ = make_policy(budgets={"team": 3})
+    assert await policy.budget_status(Identity("bob")) == {"tokenId": "bob", "budgetId": "bob", "remaining": -1,
+                                                         "enforcement": "control"}
+    shared = Identity("carol", budget_id="team", budget_limit=100)
+    await admit_tool(policy, shared)
+    status = await policy.budget_status(shared)
+    assert (status["budgetId"], status["remaining"]) == ("team", 2)  # the operator's 3 beat the caveat's 100
+
+
+async def test_tokens_sharing_a_budget_id_share_its_credits() -> None:
+    policy, *_ = make_policy(budgets={"team": 2})
+    a, b = Identity("a", budget_id="team"), Identity("b", budget_id="team")
+    await admit_tool(policy, a)
+    await admit_tool(policy, b)
+    assert (await refusal(admit_tool(policy, a, request_id=2))).data["budget_id"] == "team"  # type: ignore[index]
+
+
+async def test_free_tools_stay_callable_when_exhausted() -> None:
+    policy, *_ = make_policy(tool_costs={"free": 0}, default_cost=10)
+    await admit_tool(policy, tool="paid")
+    await admit_tool(policy, tool="free", request_id=2)
+
+
+async def test_hundred_concurrent_admits_never_overspend() -> None:
+    policy, *_ = make_policy()
+    small = Identity("busy", budget_limit=7)
+    results = await asyncio.gather(*(admit_tool(policy, small, request_id=i) for i in range(100)),
+                                   return_exceptions=True)
+    assert sum(not isinstance(r, BaseException) for r in results) == 7
+    assert all(isinstance(r, GatewayError) and r.data and r.data["error"] == "budget_exhausted"
+               for r in results if isinstance(r, BaseException))
+    assert (await policy.budget_status(small))["remaining"] == 0
+
+
+# -- refunds ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "exc", "did_not_run"),
+    [
+        pytest.param(None, UpstreamUnavailable("down"), True, id="unreachable"),
+        pytest.param({"error": {"code": -32600, "message": "bad"}}, None, True, id="invalid-request"),
+        pytest.param({"error": {"code": -32601, "message": "no"}}, None, True, id="method-not-found"),
+        pytest.param({"error": {"code": -32602, "message": "no"}}, None, True, id="invalid-params"),
+        pytest.param(None, UnknownTarget("no such tool"), True, id="gateway-unknown-tool"),
+        pytest.param(None, UpstreamTimeout("slow"), False, id="timeout-may-have-run"),
+        pytest.param(None, RuntimeError("boom"), False, id="other-exception"),
+        pytest.param({"error": {"code": -32603, "message": "x"}}, None, False, id="internal-error"),
+        pytest.param({"error": {"code": "-32601"}}, None, False, id="malformed-code"),
+        pytest.param({"result": {"isError": True}}, None, False, id="tool-error-result-ran"),
+        pytest.param({"result": {}}, None, False, id="result"),
+        pytest.param(None, None, False, id="nothing"),
+    ],
+)
+def test_upstream_certainly_did_not_run(reply: JsonObj | None, exc: BaseException | None, did_not_run: bool
+                                        ) -> None:
+    assert upstream_certainly_did_not_run(reply, exc) is did_not_run
+
+
+async def test_refund_when_the_call_never_ran() -> None:
+    policy, publisher, *_ = make_policy()
+    admission = await admit_tool(policy)
+    await policy.settle(admission, ran=False)
+    await policy.settle(admission, ran=False)  # settling twice refunds once
+    assert (await policy.budget_status(ALICE))["remaining"] == 10
+    assert publisher.named(events.BUDGET_SPEND) == [
+        {"token_id": "alice", "budget_id": "alice", "tool": "echo", "cost": 1, "remaining": 9},
+        {"token_id": "alice", "budget_id": "alice", "tool": "echo", "cost": -1, "refund": True, "remaining": 10}]
+    # Refunded, so the re-sent call is charged as a first attempt.
+    again = await admit_tool(policy)
+    assert (again.duplicate, again.charged) == (False, 1)
+
+
+async def test_no_refund_when_it_ran() -> None:
+    policy, *_ = make_policy()
+    await policy.settle(await admit_tool(policy), ran=True)
+    assert (await policy.budget_status(ALICE))["remaining"] == 9
+
+
+# -- duplicate guard -------------------------------------------------------------------------------------
+
+
+async def test_same_call_resent_is_charged_once_and_still_forwarded() -> None:
+    policy, publisher, *_ = make_policy()
+    first = await admit_tool(policy, params=call("echo", text="hi"))
+    second = await admit_tool(policy, params=call("echo", text="hi"))
+    assert (first.charged, second.charged, second.duplicate) == (1, 0, True)
+    assert (await policy.budget_status(ALICE))["remaining"] == 9
+    assert publisher.named(events.BUDGET_SPEND)[-1]["duplicate"] is True
+
+
+async def test_different_params_or_id_are_charged_again() -> None:
+    policy, *_ = make_policy()
+    await admit_tool(policy, params=call("echo", text="hi"))
+    await admit_tool(policy, params=call("echo", text="bye"))
+    await admit_tool(policy, request_id=2, params=call("echo", text="hi"))
+    assert (await policy.budget_status(ALICE))["remaining"] == 7
+
+
+async def test_no_session_id_means_no_duplicate_guard() -> None:
+    policy, *_ = make_policy()
+    await admit_tool(policy, session="")
+    assert not (await admit_tool(policy, session="")).duplicate
+    assert (await policy.budget_status(ALICE))["remaining"] == 8
+
+
+async def test_duplicate_record_expires_after_24_hours() -> None:
+    clock = FakeClock()
+    policy, *_ = make_policy(clock)
+    await admit_tool(policy)
+    clock.advance(24 * 3600 - 1)
+    assert (await admit_tool(policy)).duplicate
+    clock.advance(1)
+    assert not (await admit_tool(policy)).duplicate
+    assert (await policy.budget_status(ALICE))["remaining"] == 8
+
+
+async def test_refused_call_leaves_no_duplicate_record() -> None:
+    policy, *_ = make_policy()
+    poor = Identity("poor", budget_limit=0.5)
+    with pytest.raises(GatewayError):
+        await admit_tool(policy, poor)
+    with pytest.raises(GatewayError):  # refused again, not waved through as a duplicate
+        await admit_tool(policy, poor)
+
+
+async def test_a_new_session_resets_nothing() -> None:
+    """Rate buckets and budgets follow the token; only the duplicate guard looks at the session id,
+    by design (it recognises one client re-sending one call, and a resumed session keeps its id)."""
+    clock = FakeClock()
+    policy, *_ = make_policy(clock, rate_limit="2/s")
+    await admit_tool(policy, session="old", request_id=1)
+    # DELETE + initialize: a new session id, the same token: same bucket, same budget.
+    second = await admit_tool(policy, session="new", request_id=1)
+    assert not second.duplicate
+    assert (await refusal(admit_tool(policy, session="newer", request_id=1))).code == -32004
+    assert (await policy.budget_status(ALICE))["remaining"] == 8
+    # A resumed session keeps its id, so the call it re-sends is recognised and not charged again.
+    clock.advance(1)
+    assert (await admit_tool(policy, session="old", request_id=1)).duplicate
+    assert (await policy.budget_status(ALICE))["remaining"] == 8
+
+
+# -- delegation ------------------------------------------------------------------------------------------
+
+PARENT = Identity("parent-1", budget_id="team", budget_limit=10, tool_filters=(("db_*", "search"),),
+                  expires_at=WALL + 3600, tenant="acme")
+
+
+async def test_delegate_moves_credits_and_mints_a_narrower_child() -> None:
+    policy, publisher, _, minter = make_policy(new_id=lambda: "abc")
+    out = await policy.delegate(PARENT, {"budget": 4, "tools": ["db_read"], "ttl": 60, "label": "crawler"})
+    assert out == {"token": "fake-token-for-dlg-abc", "tokenId": "dlg-abc", "budgetId": "dlg-budget-abc",
+                   "budget": 4, "expiresAt": WALL + 60, "parentId": "parent-1", "depth": 1, "tools": ["db_read"],
+                   "label": "crawler", "parentRemaining": 6}
+    assert minter.calls == [{"token_id": "dlg-abc", "ttl": 60, "tools": ["db_read"], "budget_id": "dlg-budget-abc",
+                             "budget_limit": 4, "tenant": "acme", "parent_id": "parent-1", "depth": 1, "now": WALL,
+                             "ancestors": ("parent-1",), "max_depth": None}]
+    assert (await policy.budget_status(PARENT))["remaining"] == 6
+    child = Identity("dlg-abc", budget_id="dlg-budget-abc", budget_limit=4)
+    assert (await policy.budget_status(child))["remaining"] == 4
+    [event] = publisher.named(events.DELEGATION)
+    assert (event["ok"], event["token_id"], event["parent_id"], event["budget"], event["parent_remaining"]) == (
+        True, "dlg-abc", "parent-1", 4, 6)
+    assert all("fake-token" not in str(fields) for _, fields in publisher.events)
+
+
+async def test_delegation_refusal_shape() -> None:
+    policy, publisher, metrics, _ = make_policy()
+    err = await refusal(policy.delegate(PARENT, {"budget": 11}))
+    assert err.code == -32000
+    assert err.data == {"error": "delegation_failed",
+                        "reason": "parent budget holds 10 credits, less than the 11 requested"}
+    assert refusals(metrics, "delegation_failed") == 1
+    assert publisher.named(events.DELEGATION)[0]["ok"] is False
+    assert (await policy.budget_status(PARENT))["remaining"] == 10
+
+
+@pytest.mark.parametrize("mode", ["none", "config"])
+async def test_delegation_needs_header_auth(mode: str) -> None:
+    policy, *_ = make_policy(auth_mode=mode, root_key=None, static_token="s" * 8)
+    err = await refusal(policy.delegate(PARENT, {"budget": 1}))
+    assert err.data == {"error": "delegation_failed", "reason": "delegation needs header auth"}
+
+
+async def test_delegation_depth_limit() -> None:
+    policy, *_ = make_policy(max_delegation_depth=2)
+    deep = Identity("deep", depth=2, budget_limit=10)
+    err = await refusal(policy.delegate(deep, {"budget": 1}))
+    assert err.data == {"error": "delegation_failed", "reason": "delegation depth limit (2) reached"}
+
+
+async def test_unlimited_parent_gives_without_being_charged() -> None:
+    policy, *_ = make_policy()
+    out = await policy.delegate(Identity("rich"), {"budget": 1000})
+    assert out["parentRemaining"] == -1
+    assert (await policy.budget_status(Identity("rich")))["remaining"] == -1
+
+
+async def test_concurrent_delegations_never_overdraw() -> None:
+    ids = iter(range(1000))
+    policy, *_ = make_policy(new_id=lambda: f"n{next(ids)}")
+    results = await asyncio.gather(*(policy.delegate(PARENT, {"budget": 3}) for _ in range(20)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, dict) for r in results) == 3
+    assert (await policy.budget_status(PARENT))["remaining"] == 1
+
+
+async def test_child_spends_only_what_it_was_given() -> None:
+    policy, *_ = make_policy(new_id=lambda: "kid")
+    out = await policy.delegate(PARENT, {"budget": 2})
+    child = Identity(out["tokenId"], budget_id=out["budgetId"], budget_limit=out["budget"], parent_id="parent-1",
+                     depth=1)
+    await admit_tool(policy, child, request_id=1)
+    await admit_tool(policy, child, request_id=2)
+    assert (await refusal(admit_tool(policy, child, request_id=3))).data["budget_id"] == "dlg-budget-kid"  # type: ignore[index]
+    assert (await policy.budget_status(PARENT))["remaining"] == 8
+
+
+async def test_minter_errors_become_delegation_failed() -> None:
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise ValueError("invalid tool pattern")
+
+    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), minter=broken,
+                        wall_clock=FakeClock(WALL))
+    err = await refusal(policy.delegate(PARENT, {"budget": 1}))
+    assert err.data == {"error": "delegation_failed", "reason": "could not mint the child token: invalid tool pattern"}
+    assert (await policy.budget_status(PARENT))["remaining"] == 10
+
+
+async def test_delegation_with_the_real_minter_verifies() -> None:
+    wall = FakeClock(WALL)
+    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=wall)
+    root = Identity("root-tok", budget_limit=100, tool_filters=(("db_*",),), expires_at=WALL + 600)
+    first = await policy.delegate(root, {"budget": 30, "tools": "db_read,db_list", "ttl": 300})
+    child = verify_token(ROOT_KEY, first["token"], now=WALL + 1)
+    assert (child.token_id, child.budget_id, child.budget_limit, child.parent_id, child.depth, child.ancestors) == (
+        first["tokenId"], first["budgetId"], 30, "root-tok", 1, ("root-tok",))
+    assert child.expires_at == pytest.approx(WALL + 300)
+    assert child.allows_tool("db_read")
+    assert not child.allows_tool("db_write")
+    grandchild = verify_token(ROOT_KEY, (await policy.delegate(child, {"budget": 5}))["token"], now=WALL + 1)
+    assert (grandchild.ancestors, grandchild.depth, grandchild.budget_limit) == (
+        ("root-tok", first["tokenId"]), 2, 5)
+    assert grandchild.allows_tool("db_list")
+    assert not grandchild.allows_tool("db_write")
+    assert (await policy.budget_status(child))["remaining"] == 25

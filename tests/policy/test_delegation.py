@@ -1,0 +1,142 @@
+"""The child-token rules as pure functions: never wider than the parent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from satgate_mcp.auth.base import Identity
+from satgate_mcp.policy.delegation import (
+    ChildPlan,
+    DelegationRefused,
+    effective_tools,
+    pattern_covers,
+    pattern_intersection,
+    plan_child,
+)
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "covers"),
+    [
+        pytest.param("*", "anything", True, id="star-covers-names"),
+        pytest.param("*", "*", True, id="star-covers-star"),
+        pytest.param("db_*", "db_read", True, id="prefix-covers-name"),
+        pytest.param("db_*", "db_r*", True, id="prefix-covers-longer-prefix"),
+        pytest.param("db_*", "d*", False, id="prefix-does-not-cover-shorter"),
+        pytest.param("db_*", "*", False, id="prefix-does-not-cover-star"),
+        pytest.param("db_read", "db_read", True, id="name-covers-itself"),
+        pytest.param("db_read", "db_read*", False, id="name-does-not-cover-prefix"),
+        pytest.param("db_read", "db_write", False, id="other-name"),
+    ],
+)
+def test_pattern_covers(outer: str, inner: str, covers: bool) -> None:
+    assert pattern_covers(outer, inner) is covers
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        pytest.param("db_*", "db_read", "db_read", id="name-inside-prefix"),
+        pytest.param("db_*", "db_r*", "db_r*", id="nested-prefixes"),
+        pytest.param("a*", "b*", None, id="disjoint-prefixes"),
+        pytest.param("x", "y", None, id="different-names"),
+    ],
+)
+def test_pattern_intersection(a: str, b: str, expected: str | None) -> None:
+    assert pattern_intersection(a, b) == expected
+    assert pattern_intersection(b, a) == expected
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        pytest.param((), None, id="unrestricted"),
+        pytest.param((("a", "b*"),), ("a", "b*"), id="one-caveat"),
+        pytest.param((("db_*", "search"), ("db_read", "search", "other")), ("db_read", "search"), id="intersect"),
+        pytest.param((("a*",), ("b*",)), (), id="nothing-in-common"),
+        pytest.param((("*",), ("x*",), ("x1", "y")), ("x1",), id="three-caveats"),
+    ],
+)
+def test_effective_tools(filters: tuple[tuple[str, ...], ...], expected: tuple[str, ...] | None) -> None:
+    assert effective_tools(filters) == expected
+
+
+def parent(**kw: Any) -> Identity:
+    return Identity(**{"token_id": "root-1", "budget_id": "team", **kw})
+
+
+def test_plan_inherits_narrows_and_goes_one_deeper() -> None:
+    plan = plan_child(parent(tool_filters=(("db_*", "search"),), expires_at=NOW + 100),
+                      {"budget": 5, "tools": ["db_read"], "ttl": 30, "label": "worker"}, now=NOW)
+    assert plan == ChildPlan(budget=5.0, tools=("db_read",), ttl=30.0, expires_at=NOW + 30, depth=1,
+                             max_depth=None, ancestors=("root-1",), label="worker")
+
+
+@pytest.mark.parametrize(
+    ("kw", "params", "tools", "expires_at"),
+    [
+        pytest.param({}, {"budget": 1}, None, None, id="unrestricted-parent-no-ttl"),
+        pytest.param({"expires_at": NOW + 60}, {"budget": 1, "ttl": 3600}, None, NOW + 60,
+                     id="ttl-capped-by-parent-expiry"),
+        pytest.param({"expires_at": NOW + 60}, {"budget": 1}, None, NOW + 60, id="no-ttl-inherits-expiry"),
+        pytest.param({}, {"budget": 1, "ttl": 10}, None, NOW + 10, id="ttl-honoured"),
+        pytest.param({"tool_filters": (("a*",), ("ab*", "c"))}, {"budget": 1}, ("ab*",), None,
+                     id="inherits-all-parent-filters-as-one"),
+        pytest.param({"tool_filters": (("a*",),)}, {"budget": 1, "tools": "ab, ac*"}, ("ab", "ac*"), None,
+                     id="comma-string-tools"),
+    ],
+)
+def test_plan_expiry_and_tools(kw: dict[str, Any], params: dict[str, Any], tools: tuple[str, ...] | None,
+                               expires_at: float | None) -> None:
+    plan = plan_child(parent(**kw), params, now=NOW)
+    assert (plan.tools, plan.expires_at) == (tools, expires_at)
+    assert plan.ttl == (None if expires_at is None else pytest.approx(expires_at - NOW))
+
+
+@pytest.mark.parametrize(
+    ("kw", "params", "reason"),
+    [
+        pytest.param({}, None, "budget is required", id="no-params"),
+        pytest.param({}, ["budget", 1], "params must be an object", id="params-not-an-object"),
+        pytest.param({}, {"budget": 0}, "budget must be greater than 0", id="zero-budget"),
+        pytest.param({}, {"budget": -5}, "budget must be greater than 0", id="negative-budget"),
+        pytest.param({}, {"budget": "5"}, "budget must be a number", id="string-budget"),
+        pytest.param({}, {"budget": True}, "budget must be a number", id="bool-budget"),
+        pytest.param({}, {"budget": float("nan")}, "budget must be a number", id="nan-budget"),
+        pytest.param({}, {"budget": 1, "ttl": 0}, "ttl must be greater than 0", id="zero-ttl"),
+        pytest.param({}, {"budget": 1, "label": 7}, "label must be a string", id="bad-label"),
+        pytest.param({}, {"budget": 1, "tools": []}, "tools must be a non-empty list", id="empty-tools"),
+        pytest.param({}, {"budget": 1, "tools": ["a*b"]}, "is not a name", id="star-inside"),
+        pytest.param({"tool_filters": (("db_*",),)}, {"budget": 1, "tools": ["*"]}, "wider than the parent",
+                     id="wider-tools"),
+        pytest.param({"tool_filters": (("db_*",), ("db_read",))}, {"budget": 1, "tools": ["db_write"]},
+                     "wider than the parent", id="outside-second-caveat"),
+        pytest.param({"tool_filters": (("a*",), ("b*",))}, {"budget": 1}, "allows no tools",
+                     id="parent-allows-nothing"),
+        pytest.param({"depth": 3}, {"budget": 1}, "depth limit (3)", id="depth-limit"),
+        pytest.param({"expires_at": NOW}, {"budget": 1}, "parent token has expired", id="expired-parent"),
+    ],
+)
+def test_plan_refusals(kw: dict[str, Any], params: Any, reason: str) -> None:
+    with pytest.raises(DelegationRefused) as info:
+        plan_child(parent(**kw), params, now=NOW)
+    assert reason in info.value.reason
+
+
+def test_depth_limit_is_configurable() -> None:
+    assert plan_child(parent(depth=1), {"budget": 1}, now=NOW, max_depth=2).depth == 2
+    with pytest.raises(DelegationRefused):
+        plan_child(parent(depth=2), {"budget": 1}, now=NOW, max_depth=2)
+
+
+def test_parent_depth_caveat_caps_and_is_inherited() -> None:
+    capped = Identity("p", depth=1, max_depth=2, ancestors=("root",))
+    plan = plan_child(capped, {"budget": 1}, now=NOW)
+    assert (plan.depth, plan.max_depth, plan.ancestors) == (2, 2, ("root", "p"))
+    deeper = Identity("p", depth=1, max_depth=1)
+    with pytest.raises(DelegationRefused, match=r"depth limit \(1\)"):
+        plan_child(deeper, {"budget": 1}, now=NOW)
