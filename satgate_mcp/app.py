@@ -32,6 +32,7 @@ from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.middleware import request_logger
+from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.streamable import StreamableHttpTransport
 
 
@@ -89,6 +90,7 @@ def create_app(
     app[RESUMES_SESSIONS] = transport.resumes_sessions
 
     transport.add_routes(app)
+    LegacySseTransport(transport, registry, dispatcher).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers)
@@ -134,6 +136,9 @@ def _closers(file_sink: JsonlFilePublisher | None) -> Callable[[web.Application]
         close = getattr(app[POLICY], "close", None)
         if close is not None:
             await close()
+        aclose = getattr(app[AUTHENTICATOR], "aclose", None)
+        if aclose is not None:
+            await aclose()
         if file_sink is not None:
             file_sink.close()
 

@@ -64,7 +64,8 @@ ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "co
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8",
+                                      env_ignore_empty=True)
 
     host: str = "127.0.0.1"
     port: int = Field(default=9100, ge=0, le=65535)
@@ -73,7 +74,7 @@ class Settings(BaseSettings):
     root_key: SecretStr | None = None
     static_token: SecretStr | None = None
 
-    upstreams: dict[str, UpstreamSpec] = Field(default_factory=dict)
+    upstreams: Annotated[dict[str, UpstreamSpec], NoDecode] = Field(default_factory=dict)
 
     session_cap: int = Field(default=10000, ge=1)
     session_idle_ttl: float = Field(default=1800.0, gt=0)
@@ -90,10 +91,10 @@ class Settings(BaseSettings):
     rate_limit: str | None = None
     rate_burst: int | None = Field(default=None, ge=1)
     enforcement: str = "observe"
-    tool_rate_limits: dict[str, str] = Field(default_factory=dict)
-    tool_costs: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    tool_rate_limits: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    tool_costs: Annotated[dict[str, Annotated[float, Field(ge=0)]], NoDecode] = Field(default_factory=dict)
     default_cost: float = Field(default=1.0, ge=0)
-    budgets: dict[str, float] = Field(default_factory=dict)
+    budgets: Annotated[dict[str, Annotated[float, Field(ge=0)]], NoDecode] = Field(default_factory=dict)
 
     events_file: Path | None = None
     reuse_port: bool = True

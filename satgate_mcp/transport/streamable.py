@@ -68,6 +68,10 @@ class StreamableHttpTransport:
         return self._auth.mode == "header"
 
     @property
+    def max_body_bytes(self) -> int:
+        return self._settings.max_body_bytes
+
+    @property
     def _oauth_url(self) -> str | None:
         return self._settings.oauth_resource_metadata_url
 
@@ -78,11 +82,11 @@ class StreamableHttpTransport:
 
     # --- edges shared by every verb -------------------------------------------------------------
 
-    def _origin_and_host(self, request: web.Request) -> Refusal | None:
+    def check_origin_and_host(self, request: web.Request) -> Refusal | None:
         return (rules.check_host(request.headers.get("Host"), self._settings.allowed_hosts, self._settings.host)
                 or rules.check_origin(request.headers.get("Origin"), self._settings.allowed_origins))
 
-    async def _authenticate(self, request: web.Request) -> AuthResult | Refusal:
+    async def authenticate(self, request: web.Request) -> AuthResult | Refusal:
         result = await self._auth.authenticate(request.headers.get("Authorization"))
         if result.ok:
             return result
@@ -91,9 +95,9 @@ class StreamableHttpTransport:
                                 path=request.path, remote=request.remote)
         return rules.auth_refusal(result.outcome, self._oauth_url)
 
-    async def _session_for(self, request: web.Request, session_id: str, *, may_resume: bool) -> Session | Refusal:
+    async def session_for(self, request: web.Request, session_id: str, *, may_resume: bool) -> Session | Refusal:
         """The live session for this id and credential, or a session rebuilt from the verified token."""
-        auth = await self._authenticate(request)
+        auth = await self.authenticate(request)
         if isinstance(auth, Refusal):
             return auth
         assert auth.identity is not None
@@ -126,11 +130,11 @@ class StreamableHttpTransport:
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         """No server-initiated stream: 405 before and after a restart, and nothing is created."""
-        refusal = self._origin_and_host(request)
+        refusal = self.check_origin_and_host(request)
         return refusal_answer(refusal or rules.GET_NOT_ALLOWED)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._origin_and_host(request)
+        refusal = self.check_origin_and_host(request)
         if refusal:
             return refusal_answer(refusal)
         session_id = request.headers.get(SESSION_HEADER)
@@ -139,7 +143,7 @@ class StreamableHttpTransport:
         if not is_valid_session_id_syntax(session_id):
             return refusal_answer(rules.INVALID_SESSION)
         request["session_id"] = session_id
-        found = await self._session_for(request, session_id, may_resume=False)
+        found = await self.session_for(request, session_id, may_resume=False)
         if isinstance(found, Refusal):
             return refusal_answer(found)
         self._registry.delete(session_id)
@@ -149,12 +153,12 @@ class StreamableHttpTransport:
         return web.Response(status=200, headers={SESSION_HEADER: session_id})
 
     async def post(self, request: web.Request) -> web.StreamResponse:
-        refusal = (self._origin_and_host(request)
+        refusal = (self.check_origin_and_host(request)
                    or rules.check_content_type(request.headers.get("Content-Type"))
                    or rules.check_accept(request.headers.get("Accept")))
         if refusal:
             return refusal_answer(refusal)
-        raw = await self._read_body(request)
+        raw = await self.read_body(request)
         if raw is None:
             return refusal_answer(rules.body_too_large(self._settings.max_body_bytes))
         try:
@@ -189,7 +193,7 @@ class StreamableHttpTransport:
         bad_version = rules.check_protocol_header(request.headers.get(VERSION_HEADER))
         if bad_version:
             return refusal_answer(bad_version, first_id)
-        found = await self._session_for(request, session_id, may_resume=True)
+        found = await self.session_for(request, session_id, may_resume=True)
         if isinstance(found, Refusal):
             return refusal_answer(found, first_id)
         session = found
@@ -198,22 +202,22 @@ class StreamableHttpTransport:
 
         for m in messages:
             if isinstance(m, jsonrpc.Notification):
-                self._on_notification(session, m)
+                self.on_notification(session, m)
         requests = [m for m in messages if isinstance(m, jsonrpc.Request)]
         headers = {SESSION_HEADER: session.id}
         if not requests:
             return web.Response(status=202, headers=headers)
         if is_batch:
-            replies = await asyncio.gather(*(self._run(session, r, None) for r in requests))
+            replies = await asyncio.gather(*(self.run(session, r, None) for r in requests))
             return json_answer(replies, headers=headers)
         single = requests[0]
         if _progress_token(single) is not None and rules.accepts(request.headers.get("Accept"), "text/event-stream"):
             return await self._stream(request, session, single, headers)
-        return json_answer(await self._run(session, single, None), headers=headers)
+        return json_answer(await self.run(session, single, None), headers=headers)
 
     # --- pieces ---------------------------------------------------------------------------------
 
-    async def _read_body(self, request: web.Request) -> bytes | None:
+    async def read_body(self, request: web.Request) -> bytes | None:
         """The body, or None once it passes the limit; we never buffer more than limit + one chunk."""
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
@@ -228,7 +232,7 @@ class StreamableHttpTransport:
         return b"".join(chunks)
 
     async def _initialize(self, request: web.Request, init: jsonrpc.Request) -> web.StreamResponse:
-        auth = await self._authenticate(request)
+        auth = await self.authenticate(request)
         if isinstance(auth, Refusal):
             return refusal_answer(auth, init.id)
         assert auth.identity is not None
@@ -247,7 +251,7 @@ class StreamableHttpTransport:
         body = jsonrpc.result_response(init.id, self._dispatcher.initialize_result(version))
         return json_answer(body, headers={SESSION_HEADER: session.id, VERSION_HEADER: version})
 
-    def _on_notification(self, session: Session, note: jsonrpc.Notification) -> None:
+    def on_notification(self, session: Session, note: jsonrpc.Notification) -> None:
         if note.method == "notifications/cancelled":
             request_id = (note.params or {}).get("requestId")
             if isinstance(request_id, str | int) and not isinstance(request_id, bool):
@@ -255,7 +259,7 @@ class StreamableHttpTransport:
                 if task is not None:
                     task.cancel()
 
-    async def _run(self, session: Session, request: jsonrpc.Request,
+    async def run(self, session: Session, request: jsonrpc.Request,
                    on_progress: Callable[[JsonObj], Awaitable[None]] | None) -> JsonObj:
         """Run one request as its own task so a client's notifications/cancelled can stop it."""
         key = (session.id, request.id)
@@ -287,7 +291,7 @@ class StreamableHttpTransport:
             with contextlib.suppress(ConnectionError):
                 await response.write(sse_event(jsonrpc.notification_message("notifications/progress", params)))
 
-        reply = await self._run(session, call, on_progress)
+        reply = await self.run(session, call, on_progress)
         await response.write(sse_event(reply))
         await response.write_eof()
         return response

@@ -1,0 +1,38 @@
+"""The authenticator for ``SATGATE_AUTH_MODE``: the one place that maps a mode to a class."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from satgate_mcp.auth.base import Authenticator, NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.auth.macaroons import MacaroonAuthenticator
+from satgate_mcp.auth.revocation import RevocationStore, revocation_store_from_settings
+from satgate_mcp.errors import ConfigError
+from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH, Settings
+
+
+def authenticator_from_settings(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    revocations: RevocationStore | None = None,
+) -> Authenticator:
+    """``revocations`` overrides the store the settings name (tests, or a store the app already owns)."""
+    if settings.auth_mode == "none":
+        return NoAuthenticator()
+    if settings.auth_mode == "config":
+        if settings.static_token is None or not settings.static_token.get_secret_value():
+            raise ConfigError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
+        return StaticTokenAuthenticator(settings.static_token.get_secret_value())
+    if settings.auth_mode == "header":
+        key = settings.root_key.get_secret_value() if settings.root_key is not None else ""
+        if len(key) < MIN_ROOT_KEY_LENGTH:
+            raise ConfigError(f"SATGATE_ROOT_KEY must be at least {MIN_ROOT_KEY_LENGTH} characters in header mode")
+        if revocations is None:
+            try:
+                revocations = revocation_store_from_settings(settings)
+            except ValueError as exc:  # a directory for a file, a malformed SATGATE_REDIS_URL
+                raise ConfigError(str(exc)) from None
+        return MacaroonAuthenticator(key, revocations, clock=clock)
+    raise ConfigError(f"unknown SATGATE_AUTH_MODE {settings.auth_mode!r}")  # pragma: no cover

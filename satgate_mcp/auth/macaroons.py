@@ -1,0 +1,624 @@
+"""Macaroon bearer tokens: identity in the signed identifier, restrictions in first-party caveats.
+
+The identifier is versioned JSON (``{"v":1,"token_id":...}``) chosen by whoever holds the root key;
+changing a byte of it breaks the signature, so no holder can re-point a token at another id,
+budget or tenant. Caveats can only be appended, and each one only restricts:
+
+- ``expires = <unix seconds>``: the earliest of several wins;
+- ``tools = a,b,prefix*``: every ``tools`` caveat must allow a tool (they intersect);
+- ``budget_limit = <credits>``: the lowest wins;
+- ``depth <= N``: the token's own delegation depth must not exceed N, and the lowest N caps
+  what may be delegated from it.
+
+Anything else (an unknown predicate, a third-party caveat, a malformed value) fails
+verification: fail closed, so an older gateway never ignores a restriction it does not know.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pymacaroons import Macaroon, Verifier
+from pymacaroons.macaroon import MACAROON_V2
+
+from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, bearer_from_header
+from satgate_mcp.auth.revocation import RevocationStore, check_token_id, is_valid_token_id
+from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
+
+LOCATION = "satgate-mcp"
+IDENTIFIER_VERSION = 1
+#: Longer bearers are refused before any parsing: a real token is a few hundred characters.
+MAX_TOKEN_CHARS = 8192
+MAX_CAVEATS = 64
+MAX_CHAIN = 32
+MAX_TOOL_PATTERNS = 256
+
+_log = structlog.get_logger(__name__)
+
+_CAVEAT_RE = re.compile(r"\s*([a-z_]+)\s*(<=|=)\s*(.*?)\s*")
+_NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
+_TOOL_PATTERN_RE = re.compile(r"[A-Za-z0-9_.:/@-]*\*?")
+_IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
+
+
+class TokenError(Exception):
+    """A token that cannot be used; ``outcome`` tells the authenticator which refusal it is."""
+
+    outcome: AuthOutcome = AuthOutcome.INVALID
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TokenInvalid(TokenError):
+    """Malformed, wrong key, tampered, or carrying a caveat this gateway does not understand."""
+
+    outcome = AuthOutcome.INVALID
+
+
+class TokenExpired(TokenError):
+    outcome = AuthOutcome.EXPIRED
+
+
+# --- caveats -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiresCaveat:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsCaveat:
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimitCaveat:
+    limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class DepthCaveat:
+    max_depth: int
+
+
+Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat
+
+
+@dataclass(frozen=True, slots=True)
+class Restrictions:
+    """All caveats of a token folded together; adding a caveat can only make each field narrower."""
+
+    expires_at: float | None = None
+    tool_filters: tuple[tuple[str, ...], ...] = ()
+    budget_limit: float | None = None
+    max_depth: int | None = None
+
+
+def _format_number(value: float) -> str:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected a finite non-negative number, got {value!r}")
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _parse_number(text: str) -> float:
+    if not _NUMBER_RE.fullmatch(text):
+        raise TokenInvalid("malformed number in caveat")
+    return float(text)
+
+
+def check_tool_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    """Patterns for a ``tools`` caveat: names, ``prefix*`` or ``*``; ValueError otherwise."""
+    cleaned = tuple(p.strip() for p in patterns)
+    for pattern in cleaned:
+        if not pattern or not _TOOL_PATTERN_RE.fullmatch(pattern) or len(pattern) > 256:
+            raise ValueError(f"invalid tool pattern {pattern!r}: use a tool name, 'prefix*' or '*'")
+    if len(cleaned) > MAX_TOOL_PATTERNS:
+        raise ValueError(f"at most {MAX_TOOL_PATTERNS} tool patterns")
+    return cleaned
+
+
+def format_caveat(caveat: Caveat) -> str:
+    match caveat:
+        case ExpiresCaveat(at):
+            return f"expires = {_format_number(at)}"
+        case ToolsCaveat(patterns):
+            return f"tools = {','.join(check_tool_patterns(patterns))}"
+        case BudgetLimitCaveat(limit):
+            return f"budget_limit = {_format_number(limit)}"
+        case DepthCaveat(max_depth):
+            return f"depth <= {int(max_depth)}"
+    raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
+
+
+def parse_caveat(predicate: str) -> Caveat:
+    """The caveat a predicate states, or TokenInvalid for anything this gateway does not know."""
+    m = _CAVEAT_RE.fullmatch(predicate)
+    if not m:
+        raise TokenInvalid("unknown caveat")
+    key, op, value = m.groups()
+    if (key, op) == ("expires", "="):
+        return ExpiresCaveat(_parse_number(value))
+    if (key, op) == ("budget_limit", "="):
+        return BudgetLimitCaveat(_parse_number(value))
+    if (key, op) == ("depth", "<=") and value.isdigit() and len(value) <= 6:
+        return DepthCaveat(int(value))
+    if (key, op) == ("tools", "="):
+        patterns = tuple(p.strip() for p in value.split(",")) if value else ()
+        try:
+            return ToolsCaveat(check_tool_patterns(patterns))
+        except ValueError:
+            raise TokenInvalid("malformed tools caveat") from None
+    raise TokenInvalid("unknown caveat")
+
+
+def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
+    """Narrowing: earliest expiry, intersected tool filters, lowest budget limit, lowest depth cap."""
+    expires: float | None = None
+    tools: list[tuple[str, ...]] = []
+    budget: float | None = None
+    depth: int | None = None
+    for caveat in caveats:
+        match caveat:
+            case ExpiresCaveat(at):
+                expires = at if expires is None else min(expires, at)
+            case ToolsCaveat(patterns):
+                if patterns not in tools:
+                    tools.append(patterns)
+            case BudgetLimitCaveat(limit):
+                budget = limit if budget is None else min(budget, limit)
+            case DepthCaveat(max_depth):
+                depth = max_depth if depth is None else min(depth, max_depth)
+    return Restrictions(expires, tuple(tools), budget, depth)
+
+
+def restriction_caveats(
+    *,
+    expires_at: float | None = None,
+    tools: Sequence[str] | None = None,
+    budget_limit: float | None = None,
+    max_depth: int | None = None,
+) -> list[Caveat]:
+    if isinstance(tools, str):
+        raise TypeError("tools must be a sequence of patterns, not one string")
+    caveats: list[Caveat] = []
+    if expires_at is not None:
+        caveats.append(ExpiresCaveat(float(expires_at)))
+    if tools is not None:
+        caveats.append(ToolsCaveat(check_tool_patterns(tools)))
+    if budget_limit is not None:
+        caveats.append(BudgetLimitCaveat(float(budget_limit)))
+    if max_depth is not None:
+        if max_depth < 0:
+            raise ValueError("max_depth must be >= 0")
+        caveats.append(DepthCaveat(int(max_depth)))
+    for caveat in caveats:
+        format_caveat(caveat)  # validates numbers before anything is signed
+    return caveats
+
+
+# --- identifier ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIdentifier:
+    """What the root key holder said about the token; signed, never changed by a holder."""
+
+    token_id: str
+    budget_id: str | None = None
+    tenant: str | None = None
+    #: Root of the delegation chain first, the direct parent last.
+    ancestors: tuple[str, ...] = ()
+    depth: int = 0
+    issued_at: int | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.ancestors[-1] if self.ancestors else None
+
+
+def encode_identifier(ident: TokenIdentifier) -> bytes:
+    body: dict[str, Any] = {"v": IDENTIFIER_VERSION, "token_id": ident.token_id}
+    if ident.budget_id is not None:
+        body["budget_id"] = ident.budget_id
+    if ident.tenant is not None:
+        body["tenant"] = ident.tenant
+    if ident.ancestors:
+        body["ancestors"] = list(ident.ancestors)
+    if ident.depth:
+        body["depth"] = ident.depth
+    if ident.issued_at is not None:
+        body["issued_at"] = ident.issued_at
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _opt_id(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not is_valid_token_id(value):
+        raise TokenInvalid(f"malformed identifier field {key}")
+    return value
+
+
+def decode_identifier(raw: bytes) -> TokenIdentifier:
+    """Strict: an unknown version or field is refused rather than half-understood."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise TokenInvalid("malformed identifier") from None
+    if not isinstance(body, dict) or body.get("v") != IDENTIFIER_VERSION or not body.keys() <= _IDENTIFIER_FIELDS:
+        raise TokenInvalid("unsupported identifier")
+    token_id = _opt_id(body, "token_id")
+    if token_id is None:
+        raise TokenInvalid("identifier has no token id")
+    ancestors = body.get("ancestors", [])
+    if (
+        not isinstance(ancestors, list)
+        or len(ancestors) > MAX_CHAIN
+        or not all(isinstance(a, str) and is_valid_token_id(a) for a in ancestors)
+    ):
+        raise TokenInvalid("malformed identifier field ancestors")
+    depth = body.get("depth", 0)
+    if type(depth) is not int or not 0 <= depth <= MAX_CHAIN:
+        raise TokenInvalid("malformed identifier field depth")
+    issued_at = body.get("issued_at")
+    if issued_at is not None and type(issued_at) is not int:
+        raise TokenInvalid("malformed identifier field issued_at")
+    return TokenIdentifier(
+        token_id=token_id,
+        budget_id=_opt_id(body, "budget_id"),
+        tenant=_opt_id(body, "tenant"),
+        ancestors=tuple(ancestors),
+        depth=depth,
+        issued_at=issued_at,
+    )
+
+
+# --- parsing, minting, verifying -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToken:
+    macaroon: Any
+    identifier: TokenIdentifier
+    predicates: tuple[str, ...]
+
+
+def _deserialize(token: str) -> Any:
+    if not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
+        raise TokenInvalid("malformed token")
+    try:
+        return Macaroon.deserialize(token)
+    except Exception:  # pymacaroons raises anything from IndexError to binascii.Error on garbage
+        raise TokenInvalid("malformed token") from None
+
+
+def parse_token(token: str) -> ParsedToken:
+    """Structure only, no key: identifier and caveat predicates, without judging the caveats."""
+    mac = _deserialize(token)
+    identifier = decode_identifier(bytes(mac.identifier_bytes))
+    if len(mac.caveats) > MAX_CAVEATS:
+        raise TokenInvalid("too many caveats")
+    predicates = []
+    for caveat in mac.caveats:
+        if caveat.third_party():
+            raise TokenInvalid("third-party caveats are not supported")
+        try:
+            predicates.append(bytes(caveat.caveat_id_bytes).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise TokenInvalid("malformed caveat") from None
+    return ParsedToken(mac, identifier, tuple(predicates))
+
+
+def _root_key_bytes(root_key: str) -> bytes:
+    if not root_key:
+        raise ValueError("the root key must not be empty")
+    return root_key.encode("utf-8")
+
+
+def _check_signature(root_key: str, parsed: ParsedToken) -> None:
+    verifier = Verifier()
+    verifier.satisfy_general(lambda _predicate: True)  # every predicate was parsed (and judged) already
+    try:
+        verifier.verify(parsed.macaroon, _root_key_bytes(root_key))
+    except Exception:
+        raise TokenInvalid("signature does not verify") from None
+
+
+def identity_from(identifier: TokenIdentifier, predicates: Sequence[str], limits: Restrictions) -> Identity:
+    return Identity(
+        token_id=identifier.token_id,
+        budget_id=identifier.budget_id,
+        tenant=identifier.tenant,
+        tool_filters=limits.tool_filters,
+        expires_at=limits.expires_at,
+        budget_limit=limits.budget_limit,
+        parent_id=identifier.parent_id,
+        depth=identifier.depth,
+        caveats=tuple(predicates),
+        ancestors=identifier.ancestors,
+        max_depth=limits.max_depth,
+    )
+
+
+def verify_signature(root_key: str, token: str) -> Identity:
+    """Everything that does not depend on time: structure, known caveats, signature, depth cap.
+
+    Its result may be cached; ``check_expiry`` must still run against the clock on every use.
+    """
+    parsed = parse_token(token)
+    caveats = [parse_caveat(p) for p in parsed.predicates]
+    _check_signature(root_key, parsed)
+    limits = combine_caveats(caveats)
+    if limits.max_depth is not None and parsed.identifier.depth > limits.max_depth:
+        raise TokenInvalid("delegation depth exceeds the token's depth caveat")
+    return identity_from(parsed.identifier, parsed.predicates, limits)
+
+
+def is_expired(identity: Identity, now: float) -> bool:
+    return identity.expires_at is not None and now >= identity.expires_at
+
+
+def verify_token(root_key: str, token: str, *, now: float) -> Identity:
+    """The verified identity, or TokenInvalid / TokenExpired (a bad signature wins over expiry)."""
+    identity = verify_signature(root_key, token)
+    if is_expired(identity, now):
+        raise TokenExpired("token expired")
+    return identity
+
+
+def _delegation_chain(parent_id: str | None, ancestors: Sequence[str]) -> tuple[str, ...]:
+    """Root first, direct parent last; ``ancestors`` may or may not already end with ``parent_id``."""
+    chain = tuple(ancestors)
+    if parent_id is not None and (not chain or chain[-1] != parent_id):
+        chain += (parent_id,)
+    return chain
+
+
+def mint_token(
+    root_key: str,
+    token_id: str,
+    *,
+    ttl: float | None = None,
+    tools: Sequence[str] | None = None,
+    budget_id: str | None = None,
+    budget_limit: float | None = None,
+    tenant: str | None = None,
+    parent_id: str | None = None,
+    depth: int = 0,
+    now: float | None = None,
+    ancestors: Sequence[str] = (),
+    max_depth: int | None = None,
+) -> str:
+    """A new bearer token signed with ``root_key``.
+
+    For delegation pass the parent's chain so revoking any ancestor revokes the child:
+    ``mint_token(key, child_id, parent_id=parent.token_id, ancestors=parent.ancestors,
+    depth=parent.depth + 1, ...)``. Without ``ancestors`` only the direct parent is recorded.
+    """
+    if len(root_key) < MIN_ROOT_KEY_LENGTH:
+        raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
+    if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError("ttl must be a positive number of seconds")
+    check_token_id(token_id)
+    for value in (budget_id, tenant, parent_id, *ancestors):
+        if value is not None:
+            check_token_id(value)
+    chain = _delegation_chain(parent_id, ancestors)
+    if depth == 0 and chain:
+        depth = len(chain)
+    if not 0 <= depth <= MAX_CHAIN or len(chain) > MAX_CHAIN:
+        raise ValueError(f"delegation depth must be between 0 and {MAX_CHAIN}")
+    issued = time.time() if now is None else now
+    identifier = TokenIdentifier(token_id, budget_id, tenant, chain, depth, int(issued))
+    caveats = restriction_caveats(
+        expires_at=None if ttl is None else issued + ttl, tools=tools, budget_limit=budget_limit,
+        max_depth=max_depth,
+    )
+    mac = Macaroon(
+        location=LOCATION, identifier=encode_identifier(identifier), key=_root_key_bytes(root_key),
+        version=MACAROON_V2,
+    )
+    for caveat in caveats:
+        mac.add_first_party_caveat(format_caveat(caveat))
+    return str(mac.serialize())
+
+
+def add_caveats(
+    token: str,
+    *,
+    ttl: float | None = None,
+    expires_at: float | None = None,
+    tools: Sequence[str] | None = None,
+    budget_limit: float | None = None,
+    max_depth: int | None = None,
+    now: float | None = None,
+) -> str:
+    """Holder-side narrowing, no root key needed: the returned token is the old one plus caveats.
+
+    A new caveat can only restrict (earliest expiry, intersected tools, lowest limit), so
+    narrowing never widens what the original token may do.
+    """
+    if ttl is not None:
+        if not (math.isfinite(ttl) and ttl > 0):
+            raise ValueError("ttl must be a positive number of seconds")
+        ttl_expiry = (time.time() if now is None else now) + ttl
+        expires_at = ttl_expiry if expires_at is None else min(expires_at, ttl_expiry)
+    caveats = restriction_caveats(expires_at=expires_at, tools=tools, budget_limit=budget_limit,
+                                  max_depth=max_depth)
+    mac = parse_token(token).macaroon
+    for caveat in caveats:
+        mac.add_first_party_caveat(format_caveat(caveat))
+    return str(mac.serialize())
+
+
+def _utc(ts: float) -> str:
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return "out of range"
+
+
+def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
+    """Identity and caveats as plain data, without the key (so nothing here is verified).
+
+    Raises TokenInvalid only when the token cannot be parsed at all; unknown caveats are
+    listed under ``unknown_caveats`` (such a token will never verify).
+    """
+    parsed = parse_token(token)
+    known: list[Caveat] = []
+    unknown: list[str] = []
+    for predicate in parsed.predicates:
+        try:
+            known.append(parse_caveat(predicate))
+        except TokenInvalid:
+            unknown.append(predicate)
+    limits = combine_caveats(known)
+    ident = parsed.identifier
+    info: dict[str, Any] = {
+        "token_id": ident.token_id,
+        "budget_id": ident.budget_id,
+        "tenant": ident.tenant,
+        "parent_id": ident.parent_id,
+        "ancestors": list(ident.ancestors),
+        "depth": ident.depth,
+        "issued_at": ident.issued_at,
+        "location": str(parsed.macaroon.location),
+        "caveats": list(parsed.predicates),
+        "unknown_caveats": unknown,
+        "restrictions": {
+            "expires_at": limits.expires_at,
+            "expires_at_utc": None if limits.expires_at is None else _utc(limits.expires_at),
+            "tools": [list(f) for f in limits.tool_filters],
+            "budget_limit": limits.budget_limit,
+            "max_depth": limits.max_depth,
+        },
+    }
+    if now is not None:
+        info["expired"] = limits.expires_at is not None and now >= limits.expires_at
+    return info
+
+
+# --- the header authenticator --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Verified:
+    identity: Identity | None
+    outcome: AuthOutcome
+    reason: str
+    until: float
+
+
+class MacaroonAuthenticator:
+    """``SATGATE_AUTH_MODE=header``: macaroon bearer tokens, checked on every request.
+
+    The expensive part (deserialize, HMAC chain) is cached per token hash for ``cache_seconds``
+    in a bounded LRU. Expiry is compared against the clock and revocation asked of the store on
+    every call, so the cache can neither outlive ``expires`` nor hide a revocation; the stores
+    answer from local state at most half a second old.
+    """
+
+    mode = "header"
+
+    def __init__(
+        self,
+        root_key: str,
+        revocations: RevocationStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        cache_seconds: float = 1.0,
+        max_cached: int = 10_000,
+    ) -> None:
+        if len(root_key) < MIN_ROOT_KEY_LENGTH:
+            raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
+        self._root_key = root_key
+        self.revocations = revocations
+        self._clock = clock
+        self._cache_seconds = cache_seconds
+        self._max_cached = max_cached
+        self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
+
+    def _verified(self, token: str, now: float) -> _Verified:
+        key = hashlib.sha256(token.encode("utf-8", errors="surrogatepass")).digest()
+        entry = self._cache.get(key)
+        if entry is not None and entry.until > now:
+            self._cache.move_to_end(key)
+            return entry
+        try:
+            entry = _Verified(verify_signature(self._root_key, token), AuthOutcome.OK, "", 0.0)
+        except TokenError as exc:
+            entry = _Verified(None, exc.outcome, exc.reason, 0.0)
+        entry.until = now + self._cache_seconds
+        self._cache[key] = entry
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._max_cached:
+            self._cache.popitem(last=False)
+        return entry
+
+    async def authenticate(self, authorization: str | None) -> AuthResult:
+        token = bearer_from_header(authorization)
+        if token is None:
+            return AuthResult(AuthOutcome.MISSING, reason="no bearer token")
+        now = self._clock()
+        entry = self._verified(token, now)
+        identity = entry.identity
+        if identity is None:
+            return AuthResult(entry.outcome, reason=entry.reason)
+        try:
+            revoked = await self._revoked_id(identity)
+        except Exception as exc:  # a store outage must refuse, not crash, and not let the token through
+            _log.warning("revocation_check_failed", token_id=identity.token_id, error=type(exc).__name__)
+            return AuthResult(AuthOutcome.INVALID, reason="revocation check unavailable")
+        if revoked is not None:
+            reason = "token revoked" if revoked == identity.token_id else "an ancestor token was revoked"
+            return AuthResult(AuthOutcome.REVOKED, identity, token, reason)
+        if is_expired(identity, now):
+            return AuthResult(AuthOutcome.EXPIRED, identity, token, "token expired")
+        return AuthResult(AuthOutcome.OK, identity, token)
+
+    async def _revoked_id(self, identity: Identity) -> str | None:
+        for token_id in (identity.token_id, *reversed(identity.ancestors)):
+            if await self.revocations.is_revoked(token_id):
+                return token_id
+        return None
+
+    def forget(self) -> None:
+        """Drop every cached verification (tests, or after rotating the root key)."""
+        self._cache.clear()
+
+    async def aclose(self) -> None:
+        await self.revocations.aclose()
+
+
+__all__ = [
+    "MacaroonAuthenticator",
+    "Restrictions",
+    "TokenError",
+    "TokenExpired",
+    "TokenIdentifier",
+    "TokenInvalid",
+    "add_caveats",
+    "combine_caveats",
+    "format_caveat",
+    "inspect_token",
+    "mint_token",
+    "parse_caveat",
+    "verify_signature",
+    "verify_token",
+]

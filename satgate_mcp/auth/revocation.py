@@ -1,0 +1,274 @@
+"""Revoked token ids: a small protocol, an in-memory store, a watched file, and Redis.
+
+Callers only ever ask ``is_revoked(token_id)`` and ``revoke(token_id)``, so a shared store can
+replace the file without touching the authenticator or the CLI. Every store answers from local
+state that is at most a fraction of a second stale, which is what lets the authenticator ask on
+every request instead of caching revocations itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+try:  # flock keeps concurrent appends from separate processes from interleaving; POSIX only.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+#: A token id survives the one-id-per-line file format: no whitespace, no ``#``, bounded length.
+TOKEN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/=-]{0,127}")
+
+DEFAULT_CHECK_INTERVAL = 0.25
+DEFAULT_REDIS_KEY = "satgate:revoked"
+
+_log = structlog.get_logger(__name__)
+
+
+def is_valid_token_id(token_id: str) -> bool:
+    return TOKEN_ID_RE.fullmatch(token_id) is not None
+
+
+def check_token_id(token_id: str) -> str:
+    """The id unchanged, or ValueError: a newline in an id would forge extra revocation lines."""
+    if not is_valid_token_id(token_id):
+        raise ValueError(
+            f"invalid token id {token_id!r}: use 1-128 of letters, digits and . _ : @ + / = - "
+            "(starting with a letter or digit)"
+        )
+    return token_id
+
+
+def parse_revocation_text(text: str) -> frozenset[str]:
+    """Ids of a revocation file: one per line; ``#`` starts a comment; anything after the id is ignored."""
+    ids = set()
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            ids.add(words[0])
+    return frozenset(ids)
+
+
+class RevocationStore(Protocol):
+    async def is_revoked(self, token_id: str) -> bool: ...
+
+    async def revoke(self, token_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryRevocationStore:
+    """One process, nothing persisted: tests, and ``auth_mode=header`` without a file or Redis."""
+
+    def __init__(self, revoked: Iterable[str] = ()) -> None:
+        self._ids = set(revoked)
+
+    async def is_revoked(self, token_id: str) -> bool:
+        return token_id in self._ids
+
+    async def revoke(self, token_id: str) -> None:
+        self._ids.add(check_token_id(token_id))
+
+    async def aclose(self) -> None:
+        return None
+
+
+FileSignature = tuple[int, int, int, int]
+
+
+def _file_signature(st: os.stat_result) -> FileSignature:
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+class FileRevocationStore:
+    """The file named by ``SATGATE_REVOCATION_FILE``, re-read when it changes.
+
+    A lookup stats the file at most once per ``check_interval`` and re-reads it only when inode,
+    size or mtime changed. That beats a poller task here: nothing to start or cancel (the CLI and
+    tests use the same object), an injected clock makes it deterministic, an idle daemon does no
+    I/O, and a busy one does at most four ``stat`` calls a second while still seeing an edit, an
+    append, or an atomic replace (new inode) within ``check_interval``. A missing file means
+    nothing is revoked yet; an unreadable one keeps the last ids it read (and logs why).
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._interval = check_interval
+        self._next_check = float("-inf")
+        self._signature: FileSignature | None = None
+        self._ids: frozenset[str] = frozenset()
+        self._added: set[str] = set()
+        self._last_error = ""
+
+    async def is_revoked(self, token_id: str) -> bool:
+        self._refresh()
+        return token_id in self._ids or token_id in self._added
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        if now < self._next_check:
+            return
+        self._next_check = now + self._interval
+        try:
+            signature = _file_signature(self.path.stat())
+            if signature == self._signature:
+                return
+            text = self.path.read_bytes().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            self._signature, self._ids, self._added = None, frozenset(), set()
+            return
+        except OSError as exc:
+            message = f"{type(exc).__name__}: {exc.strerror or exc}"
+            if message != self._last_error:
+                _log.warning("revocation_file_unreadable", path=str(self.path), error=message)
+                self._last_error = message
+            return
+        self._last_error = ""
+        self._signature, self._ids, self._added = signature, parse_revocation_text(text), set()
+
+    async def revoke(self, token_id: str) -> None:
+        check_token_id(token_id)
+        await asyncio.to_thread(append_revocation, self.path, token_id)
+        self._added.add(token_id)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def append_revocation(path: Path, token_id: str) -> None:
+    """Append one line with a single ``O_APPEND`` write under ``flock``: no concurrent revoke loses a line.
+
+    The lock also covers the check for a missing final newline, so a hand-edited file without one
+    never glues two ids together.
+    """
+    check_token_id(token_id)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        prefix = b""
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            prefix = b"\n"
+        data = prefix + token_id.encode("ascii") + b"\n"
+        written = os.write(fd, data)
+        if written != len(data):  # pragma: no cover - only on a full disk
+            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class RedisRevocationStore:
+    """A Redis set shared by every gateway process; answers are cached locally for ``cache_seconds``.
+
+    The cache bounds the round trips on the hot path while keeping a revocation visible within
+    ``cache_seconds`` (0.5 s by default, under the one second the gateway promises).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        key: str = DEFAULT_REDIS_KEY,
+        cache_seconds: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        max_cached: int = 10_000,
+    ) -> None:
+        import redis.asyncio as aioredis  # optional dependency: only needed when configured
+
+        self._redis: redis.asyncio.Redis = aioredis.from_url(url)
+        self._key = key
+        self._cache_seconds = cache_seconds
+        self._clock = clock
+        self._max_cached = max_cached
+        self._cache: dict[str, tuple[bool, float]] = {}
+
+    async def is_revoked(self, token_id: str) -> bool:
+        now = self._clock()
+        hit = self._cache.get(token_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        revoked = bool(await self._redis.sismember(self._key, token_id))
+        if len(self._cache) >= self._max_cached:
+            self._cache.clear()
+        self._cache[token_id] = (revoked, now + self._cache_seconds)
+        return revoked
+
+    async def revoke(self, token_id: str) -> None:
+        check_token_id(token_id)
+        await self._redis.sadd(self._key, token_id)
+        self._cache[token_id] = (True, self._clock() + self._cache_seconds)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+class UnionRevocationStore:
+    """Several stores at once (a file and Redis): revoked if any says so; a revoke goes to all."""
+
+    def __init__(self, stores: Sequence[RevocationStore]) -> None:
+        self.stores = tuple(stores)
+
+    async def is_revoked(self, token_id: str) -> bool:
+        for store in self.stores:
+            if await store.is_revoked(token_id):
+                return True
+        return False
+
+    async def revoke(self, token_id: str) -> None:
+        for store in self.stores:
+            await store.revoke(token_id)
+
+    async def aclose(self) -> None:
+        for store in self.stores:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+
+
+class RevocationSettings(Protocol):
+    """The two settings a store needs; ``Settings`` and the CLI's token settings both fit."""
+
+    @property
+    def revocation_file(self) -> Path | None: ...
+
+    @property
+    def redis_url(self) -> str | None: ...
+
+
+def revocation_store_configured(settings: RevocationSettings) -> bool:
+    return bool(settings.revocation_file) or bool(settings.redis_url)
+
+
+def revocation_store_from_settings(settings: RevocationSettings, **file_options: Any) -> RevocationStore:
+    """The file and/or Redis the operator configured; in memory when neither is set."""
+    stores: list[RevocationStore] = []
+    if settings.revocation_file:
+        if Path(settings.revocation_file).is_dir():  # also what an empty SATGATE_REVOCATION_FILE parses to
+            raise ValueError(f"SATGATE_REVOCATION_FILE={settings.revocation_file} is a directory, not a file")
+        stores.append(FileRevocationStore(settings.revocation_file, **file_options))
+    if settings.redis_url:
+        stores.append(RedisRevocationStore(settings.redis_url))
+    if not stores:
+        return MemoryRevocationStore()
+    if len(stores) == 1:
+        return stores[0]
+    return UnionRevocationStore(stores)

@@ -1,0 +1,294 @@
+"""``satgate-mcp``: run the daemon, and mint, inspect and revoke tokens.
+
+``serve`` validates every setting at once and refuses to start with one line per problem.
+The ``token`` commands read only the variables they use (root key, revocation file, Redis URL),
+so an unrelated bad variable never blocks an operator from revoking a leaked token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from satgate_mcp import __version__
+from satgate_mcp.auth.macaroons import TokenError, add_caveats, inspect_token, mint_token, verify_token
+from satgate_mcp.auth.revocation import (
+    check_token_id,
+    revocation_store_configured,
+    revocation_store_from_settings,
+)
+from satgate_mcp.errors import ConfigError
+from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings
+
+PROG = "satgate-mcp"
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class TokenSettings(BaseSettings):
+    """The three settings the token commands need, read from the same places as ``Settings``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8")
+
+    root_key: SecretStr | None = None
+    revocation_file: Path | None = None
+    redis_url: str | None = None
+
+    @field_validator("root_key", "revocation_file", "redis_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+
+def format_settings_error(exc: SettingsError) -> str:
+    """pydantic-settings fails before validation when a JSON-valued variable is not JSON; name the variable."""
+    m = re.search(r'field "(\w+)"', str(exc))
+    var = ENV_PREFIX + m.group(1).upper() if m else "configuration"
+    cause = exc.__cause__
+    detail = f" ({cause.msg} at position {cause.pos})" if isinstance(cause, json.JSONDecodeError) else ""
+    return f"invalid {var}: must be valid JSON{detail}"
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def split_patterns(text: str) -> list[str]:
+    """``"a, b,db_*"`` -> ``["a", "b", "db_*"]``."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="MCP gateway daemon and its token tools.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", type=Path, metavar="PATH",
+                       help="env-style file of SATGATE_* settings (the environment wins)")
+
+    token = commands.add_parser("token", help="mint, inspect or revoke bearer tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    config_help = "env-style file to read SATGATE_ROOT_KEY / SATGATE_REVOCATION_FILE from"
+
+    mint = token_commands.add_parser("mint", help="print a new token signed with SATGATE_ROOT_KEY")
+    mint.add_argument("--id", required=True, dest="token_id", metavar="ID", help="token id (what `token revoke` names)")
+    mint.add_argument("--ttl", type=_positive_float, metavar="SECONDS", help="lifetime; no expiry if omitted")
+    mint.add_argument("--tools", metavar="PATTERNS", help="comma list of tool names and prefix* patterns")
+    mint.add_argument("--budget-id", help="budget to spend from (default: the token id)")
+    mint.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="credits the budget starts with")
+    mint.add_argument("--tenant", help="tenant recorded in the token")
+    mint.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+
+    narrow = token_commands.add_parser(
+        "narrow", help="print TOKEN with extra restrictions (no root key needed; can never widen it)")
+    narrow.add_argument("token", metavar="TOKEN", help="the token, or - to read it from stdin")
+    narrow.add_argument("--ttl", type=_positive_float, metavar="SECONDS", help="expire this many seconds from now")
+    narrow.add_argument("--tools", metavar="PATTERNS", help="comma list; intersected with what TOKEN allows")
+    narrow.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="lower the budget limit")
+
+    insp = token_commands.add_parser("inspect", help="print a token's identity and caveats as JSON")
+    insp.add_argument("token", metavar="TOKEN", help="the token, or - to read it from stdin")
+    insp.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+
+    revoke = token_commands.add_parser("revoke", help="revoke every token with this id (and its delegates)")
+    revoke.add_argument("token_id", metavar="ID")
+    revoke.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+    return parser
+
+
+def _missing_config(path: Path | None) -> str | None:
+    if path is not None and not path.is_file():
+        return f"config file not found: {path}"
+    return None
+
+
+def _token_settings(config: Path | None) -> TokenSettings:
+    if config is not None:
+        return TokenSettings(_env_file=config)  # type: ignore[call-arg]
+    return TokenSettings()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if problem := _missing_config(args.config):
+        return _fail(problem)
+    try:
+        settings = load_settings(args.config)
+    except ValidationError as exc:
+        print(format_errors(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except SettingsError as exc:
+        print(format_settings_error(exc), file=sys.stderr)
+        return EXIT_USAGE
+    from satgate_mcp.logs import configure_logging
+
+    runner = importlib.import_module("satgate_mcp.runner")  # heavy (aiohttp app); only needed to serve
+    configure_logging(settings)
+    try:
+        result: Any = runner.serve(settings)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _root_key(settings: TokenSettings) -> str | None:
+    return settings.root_key.get_secret_value() if settings.root_key is not None else None
+
+
+def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> int:
+    key = _root_key(settings)
+    if not key:
+        return _fail(f"SATGATE_ROOT_KEY is not set; token mint needs it (at least {MIN_ROOT_KEY_LENGTH} characters)")
+    if len(key) < MIN_ROOT_KEY_LENGTH:
+        return _fail(f"SATGATE_ROOT_KEY is too short: it must be at least {MIN_ROOT_KEY_LENGTH} characters")
+    tools = None
+    if args.tools is not None:
+        tools = split_patterns(args.tools)
+        if not tools:
+            return _fail("--tools needs at least one tool name or pattern")
+    try:
+        token = mint_token(
+            key, args.token_id, ttl=args.ttl, tools=tools, budget_id=args.budget_id,
+            budget_limit=args.budget_limit, tenant=args.tenant,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    print(token)
+    return EXIT_OK
+
+
+def _read_token(arg: str) -> str:
+    return sys.stdin.read().strip() if arg == "-" else arg.strip()
+
+
+def cmd_narrow(args: argparse.Namespace) -> int:
+    tools = None
+    if args.tools is not None:
+        tools = split_patterns(args.tools)
+        if not tools:
+            return _fail("--tools needs at least one tool name or pattern")
+    if args.ttl is None and tools is None and args.budget_limit is None:
+        return _fail("nothing to narrow: give --ttl, --tools and/or --budget-limit")
+    try:
+        narrowed = add_caveats(_read_token(args.token), ttl=args.ttl, tools=tools, budget_limit=args.budget_limit)
+    except TokenError as exc:
+        return _fail(f"not a satgate token: {exc.reason}", EXIT_FAILED)
+    except ValueError as exc:
+        return _fail(str(exc))
+    print(narrowed)
+    return EXIT_OK
+
+
+async def _revoked_in_store(settings: TokenSettings, ids: Sequence[str]) -> bool:
+    store = revocation_store_from_settings(settings)
+    try:
+        for token_id in ids:
+            if await store.is_revoked(token_id):
+                return True
+        return False
+    finally:
+        await store.aclose()
+
+
+def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> int:
+    token = _read_token(args.token)
+    now = time.time()
+    try:
+        info = inspect_token(token, now=now)
+    except TokenError as exc:
+        return _fail(f"not a satgate token: {exc.reason}", EXIT_FAILED)
+    key = _root_key(settings)
+    info["verified"], info["reason"] = None, "SATGATE_ROOT_KEY not set"
+    if key:
+        try:
+            verify_token(key, token, now=now)
+            info["verified"], info["reason"] = True, ""
+        except TokenError as exc:
+            info["verified"], info["reason"] = False, exc.reason
+    info["revoked"] = None
+    if revocation_store_configured(settings):
+        try:
+            info["revoked"] = asyncio.run(_revoked_in_store(settings, [info["token_id"], *info["ancestors"]]))
+        except Exception as exc:  # a down store must not hide the rest of the answer
+            info["revocation_error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(info, indent=2))
+    return EXIT_FAILED if info["verified"] is False or info["revoked"] else EXIT_OK
+
+
+async def _revoke(settings: TokenSettings, token_id: str) -> None:
+    store = revocation_store_from_settings(settings)
+    try:
+        await store.revoke(token_id)
+    finally:
+        await store.aclose()
+
+
+def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> int:
+    try:
+        token_id = check_token_id(args.token_id)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if not revocation_store_configured(settings):
+        return _fail("no revocation store configured: set SATGATE_REVOCATION_FILE (or SATGATE_REDIS_URL)")
+    try:
+        asyncio.run(_revoke(settings, token_id))
+    except Exception as exc:  # OSError, a Redis error: say what, no traceback
+        return _fail(f"could not revoke {token_id}: {type(exc).__name__}: {exc}", EXIT_FAILED)
+    print(f"revoked {token_id}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.token_command == "narrow":  # the holder's command: reads no settings at all
+        return cmd_narrow(args)
+    if problem := _missing_config(args.config):
+        return _fail(problem)
+    try:
+        settings = _token_settings(args.config)
+    except ValidationError as exc:
+        print(format_errors(exc), file=sys.stderr)
+        return EXIT_USAGE
+    handlers = {"mint": cmd_mint, "inspect": cmd_inspect, "revoke": cmd_revoke}
+    return handlers[args.token_command](args, settings)
