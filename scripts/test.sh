@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite, install included: lint, types, deploy-file checks, then pytest.
+# Usage: bash scripts/test.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${SATGATE_TEST_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet -e ".[test]"
+
+# Tests that need a shared store use the machine's Redis; start one if it is installed but not running.
+if command -v redis-cli >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  if command -v redis-server >/dev/null 2>&1; then
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+  fi
+fi
+
+echo "== ruff"
+"$VENV/bin/ruff" check satgate_mcp tests
+echo "== mypy --strict"
+"$VENV/bin/mypy" --strict
+if [ -f scripts/check-deploy.sh ]; then
+  echo "== deploy files"
+  PATH="$PWD/$VENV/bin:$PATH" bash scripts/check-deploy.sh
+fi
+echo "== pytest"
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
