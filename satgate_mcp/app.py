@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 from satgate_mcp.auth.base import Authenticator
+from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.keys import (
@@ -28,12 +29,14 @@ from satgate_mcp.keys import (
     SETTINGS,
 )
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.streamable import StreamableHttpTransport
+from satgate_mcp.upstream.pool import UpstreamPool
 
 
 def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublisher | None]:
@@ -54,25 +57,28 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     metrics = metrics or Metrics()
-    file_sink: JsonlFilePublisher | None = None
+    # The app closes only what it built; parts handed in belong to the caller.
+    owned: list[Callable[[], Awaitable[None]]] = []
     if publisher is None:
         publisher, file_sink = _default_publisher(settings)
+        if file_sink is not None:
+            owned.append(file_sink.aclose)
     if authenticator is None:
-        from satgate_mcp.auth.factory import authenticator_from_settings
-
         authenticator = authenticator_from_settings(settings)
+        aclose = getattr(authenticator, "aclose", None)
+        if aclose is not None:
+            owned.append(aclose)
     if pool is None:
-        from satgate_mcp.upstream.pool import UpstreamPool
-
         pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics)
     if policy is None:
-        from satgate_mcp.policy.engine import CallPolicy
-
-        policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics)
+        built_policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics)
+        owned.append(built_policy.close)
+        policy = built_policy
 
     registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
                                publisher=publisher, clock=clock)
     metrics.active_sessions.set_function(lambda: len(registry))
+    metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
     transport = StreamableHttpTransport(settings=settings, registry=registry, authenticator=authenticator,
                                         dispatcher=dispatcher, publisher=publisher, metrics=metrics)
@@ -97,7 +103,7 @@ def create_app(
 
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_sweeper)
-    app.cleanup_ctx.append(_closers(file_sink))
+    app.cleanup_ctx.append(_closers(owned))
     return app
 
 
@@ -130,16 +136,10 @@ async def _sweeper(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def _closers(file_sink: JsonlFilePublisher | None) -> Callable[[web.Application], AsyncIterator[None]]:
+def _closers(owned: list[Callable[[], Awaitable[None]]]) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         yield
-        close = getattr(app[POLICY], "close", None)
-        if close is not None:
+        for close in owned:
             await close()
-        aclose = getattr(app[AUTHENTICATOR], "aclose", None)
-        if aclose is not None:
-            await aclose()
-        if file_sink is not None:
-            file_sink.close()
 
     return ctx

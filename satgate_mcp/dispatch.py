@@ -98,6 +98,11 @@ class Dispatcher:
             reply = await self._route(request, identity, session_id, on_progress)
         except GatewayError as exc:
             return jsonrpc.error_response(request.id, exc.code, exc.message, exc.data)
+        except Exception:
+            # A bug or an unexpected upstream failure still gets a JSON-RPC answer, never a dropped connection.
+            log.exception("request_failed", method=request.method)
+            return jsonrpc.error_response(request.id, jsonrpc.INTERNAL_ERROR, "Internal error",
+                                          {"error": "internal_error"})
         return jsonrpc.with_id(reply, request.id)
 
     async def _route(self, request: jsonrpc.Request, identity: Identity, session_id: str,

@@ -58,6 +58,9 @@ class JsonlFilePublisher:
         with self._lock:
             self._fh.close()
 
+    async def aclose(self) -> None:
+        self.close()
+
 
 class FanoutPublisher:
     def __init__(self, publishers: Sequence[Publisher]) -> None:

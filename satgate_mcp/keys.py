@@ -21,3 +21,7 @@ METRICS = web.AppKey("metrics", Metrics)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 #: True when this process serves unknown-but-valid session ids again (header auth mode only).
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
+
+#: Per-request facts the canonical log line reports.
+SESSION_ID = web.RequestKey("session_id", str)
+RPC_METHOD = web.RequestKey("rpc_method", str)

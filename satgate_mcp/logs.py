@@ -19,11 +19,21 @@ _SECRET_KEYS = frozenset({"authorization", "token", "bearer", "root_key", "stati
 _BEARER_RE = re.compile(r"(?i)bearer\s+[^\s\"',]+")
 
 
+def is_secret_key(key: object) -> bool:
+    """Token-, key- and password-like names; ``token_id`` and friends are identifiers, not secrets."""
+    name = str(key).lower()
+    if name in _SECRET_KEYS:
+        return True
+    if name.endswith(("_id", "_ids")):
+        return False
+    return name.endswith("token") or "key" in name or "secret" in name or "password" in name
+
+
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
         return _BEARER_RE.sub("Bearer " + REDACTED, value)
     if isinstance(value, MutableMapping):
-        return {k: (REDACTED if str(k).lower() in _SECRET_KEYS else _scrub(v)) for k, v in value.items()}
+        return {k: (REDACTED if is_secret_key(k) else _scrub(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_scrub(v) for v in value]
     return value
@@ -32,7 +42,7 @@ def _scrub(value: Any) -> Any:
 def redact_secrets(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
     """Drop values under secret-looking keys and any ``Bearer <token>`` text anywhere in the event."""
     for key in list(event_dict):
-        if key.lower() in _SECRET_KEYS:
+        if is_secret_key(key):
             event_dict[key] = REDACTED
         else:
             event_dict[key] = _scrub(event_dict[key])

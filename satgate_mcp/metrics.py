@@ -13,6 +13,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.active_sessions = Gauge("satgate_active_sessions", "Sessions currently held by this process", registry=r)
+        self.tombstones = Gauge("satgate_session_tombstones", "Deleted session ids this process refuses to resume",
+                                registry=r)
         self.sessions_opened = Counter("satgate_sessions_opened", "Sessions opened by initialize", registry=r)
         self.sessions_resumed = Counter("satgate_sessions_resumed", "Sessions rebuilt from a verified token",
                                         registry=r)

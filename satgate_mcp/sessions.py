@@ -37,7 +37,7 @@ def make_session_id(token: str, random_hex: str | None = None) -> str:
 
 def session_id_matches_token(session_id: str, token: str) -> bool:
     """True only for a well-formed id whose tag was made with this token; untagged ids never match."""
-    m = _ID_RE.match(session_id)
+    m = _ID_RE.fullmatch(session_id)
     if m is None:
         return False
     return hmac.compare_digest(session_tag(token, m.group(1)), m.group(2))
@@ -51,6 +51,7 @@ def is_valid_session_id_syntax(value: str) -> bool:
 class CloseReason(StrEnum):
     DELETED = "deleted"
     IDLE = "idle_timeout"
+    DISCONNECTED = "disconnected"
     SHUTDOWN = "shutdown"
 
 
@@ -184,6 +185,13 @@ class SessionRegistry:
             self._resume_blocked_until = max(self._resume_blocked_until, now + self.idle_ttl)
         return True
 
+    def close(self, session_id: str, reason: CloseReason) -> bool:
+        """Forget a session without a tombstone: for sessions that can never be resumed (legacy SSE streams)."""
+        if session_id not in self._sessions:
+            return False
+        self._drop(session_id, reason)
+        return True
+
     def sweep(self, now: float | None = None) -> list[tuple[str, CloseReason]]:
         """Close idle sessions and forget expired tombstones; returns what was closed."""
         now = self._clock() if now is None else now
@@ -212,8 +220,12 @@ class SessionRegistry:
             raise RegistryFull(self.retry_after())
 
     def _expire_tombstones(self, now: float) -> None:
-        expired = [sid for sid, until in self._tombstones.items() if until <= now]
-        for sid in expired:
+        # Every tombstone lives exactly idle_ttl from its insert, so insertion order is expiry order:
+        # drop from the front and stop at the first one still alive.
+        while self._tombstones:
+            sid, until = next(iter(self._tombstones.items()))
+            if until > now:
+                break
             del self._tombstones[sid]
 
     def _drop(self, session_id: str, reason: CloseReason) -> None:

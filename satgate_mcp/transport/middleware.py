@@ -8,6 +8,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.metrics import Metrics
 
 #: Methods we label metrics with; anything else is "other" so clients cannot blow up cardinality.
@@ -34,11 +35,11 @@ def request_logger(metrics: Metrics) -> Middleware:
             status = exc.status
             raise
         finally:
-            rpc_method = request.get("rpc_method")
+            rpc_method = request.get(RPC_METHOD)
             label = rpc_method if rpc_method in KNOWN_METHODS else ("other" if rpc_method else request.method)
             metrics.requests.labels(method=label, status=str(status)).inc()
             log.info("http_request", method=request.method, path=request.path, status=status,
-                     session_id=request.get("session_id"), rpc_method=rpc_method,
+                     session_id=request.get(SESSION_ID), rpc_method=rpc_method,
                      duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
     return middleware

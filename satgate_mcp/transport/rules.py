@@ -68,7 +68,7 @@ def check_host(host_header: str | None, allowed_hosts: Sequence[str], bind_host:
     allowed = {h.strip().lower() for h in allowed_hosts}
     if host in allowed or (host_header or "").strip().lower() in allowed or "*" in allowed:
         return None
-    if not allowed and not is_loopback_host(_host_only(bind_host)) and bind_host not in ("",):
+    if not allowed and not is_loopback_host(_host_only(bind_host)):
         return None
     return Refusal(421, "host_not_allowed", f"Host {host_header!r} is not allowed (set SATGATE_ALLOWED_HOSTS)")
 

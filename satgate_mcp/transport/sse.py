@@ -16,7 +16,8 @@ from aiohttp import web
 from satgate_mcp import jsonrpc
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.sessions import RegistryFull, Session, SessionRegistry
+from satgate_mcp.keys import RPC_METHOD, SESSION_ID
+from satgate_mcp.sessions import CloseReason, RegistryFull, Session, SessionRegistry
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.transport.streamable import StreamableHttpTransport, refusal_answer
@@ -61,7 +62,7 @@ class LegacySseTransport:
             session = self._registry.open(auth.token, auth.identity, LEGACY_VERSION)
         except RegistryFull as full:
             return refusal_answer(rules.session_cap_reached(full.retry_after))
-        request["session_id"] = session.id
+        request[SESSION_ID] = session.id
         state = _Stream(session)
         self._streams[session.id] = state
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -85,7 +86,7 @@ class LegacySseTransport:
             self._streams.pop(session.id, None)
             for task in state.tasks:
                 task.cancel()
-            self._registry.delete(session.id)
+            self._registry.close(session.id, CloseReason.DISCONNECTED)
         return response
 
     async def message(self, request: web.Request) -> web.StreamResponse:
@@ -94,7 +95,8 @@ class LegacySseTransport:
         if refusal:
             return refusal_answer(refusal)
         session_id = request.query.get("sessionId", "")
-        request["session_id"] = session_id or None
+        if session_id:
+            request[SESSION_ID] = session_id
         state = self._streams.get(session_id)
         if state is None:
             return refusal_answer(rules.SESSION_NOT_FOUND)
@@ -106,17 +108,17 @@ class LegacySseTransport:
             return refusal_answer(rules.body_too_large(self._mcp.max_body_bytes))
         try:
             message = jsonrpc.parse_message(json.loads(raw))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return refusal_answer(rules.PARSE_ERROR)
         except jsonrpc.InvalidMessage as exc:
             return refusal_answer(rules.invalid_message(str(exc)), exc.request_id)
         if isinstance(message, jsonrpc.Request):
-            request["rpc_method"] = message.method
+            request[RPC_METHOD] = message.method
             task = asyncio.create_task(self._answer(state, message))
             state.tasks.add(task)
             task.add_done_callback(state.tasks.discard)
         elif isinstance(message, jsonrpc.Notification):
-            request["rpc_method"] = message.method
+            request[RPC_METHOD] = message.method
             self._mcp.on_notification(state.session, message)
         return web.Response(status=202, text="Accepted")
 

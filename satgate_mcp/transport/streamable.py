@@ -20,6 +20,7 @@ from satgate_mcp.auth.base import Authenticator, AuthResult
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import RegistryFull, ResumeRefusal, Session, SessionRegistry, is_valid_session_id_syntax
 from satgate_mcp.settings import Settings
@@ -121,6 +122,7 @@ class StreamableHttpTransport:
             return rules.session_cap_reached(full.retry_after)
         if isinstance(outcome, ResumeRefusal):
             log.info("resume_refused", session_id=session_id, reason=str(outcome))
+            self._metrics.refusals.labels(reason=f"resume_{outcome}").inc()
             return rules.SESSION_NOT_FOUND
         if outcome.created:
             self._metrics.sessions_resumed.inc()
@@ -142,7 +144,7 @@ class StreamableHttpTransport:
             return refusal_answer(rules.MISSING_SESSION)
         if not is_valid_session_id_syntax(session_id):
             return refusal_answer(rules.INVALID_SESSION)
-        request["session_id"] = session_id
+        request[SESSION_ID] = session_id
         found = await self.session_for(request, session_id, may_resume=False)
         if isinstance(found, Refusal):
             return refusal_answer(found)
@@ -163,7 +165,7 @@ class StreamableHttpTransport:
             return refusal_answer(rules.body_too_large(self._settings.max_body_bytes))
         try:
             decoded = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return refusal_answer(rules.PARSE_ERROR)
         is_batch = isinstance(decoded, list)
         items = decoded if is_batch else [decoded]
@@ -176,7 +178,7 @@ class StreamableHttpTransport:
             except jsonrpc.InvalidMessage as exc:
                 return refusal_answer(rules.invalid_message(str(exc)), exc.request_id)
         first_id = next(iter(rules.request_ids(messages)), None)
-        request["rpc_method"] = next((m.method for m in messages if not isinstance(m, jsonrpc.Response)), "response")
+        request[RPC_METHOD] = next((m.method for m in messages if not isinstance(m, jsonrpc.Response)), "response")
 
         initializes = [m for m in messages if isinstance(m, jsonrpc.Request) and m.method == "initialize"]
         if initializes:
@@ -189,7 +191,7 @@ class StreamableHttpTransport:
             return refusal_answer(rules.MISSING_SESSION, first_id)
         if not is_valid_session_id_syntax(session_id):
             return refusal_answer(rules.INVALID_SESSION, first_id)
-        request["session_id"] = session_id
+        request[SESSION_ID] = session_id
         bad_version = rules.check_protocol_header(request.headers.get(VERSION_HEADER))
         if bad_version:
             return refusal_answer(bad_version, first_id)
@@ -247,7 +249,7 @@ class StreamableHttpTransport:
         if isinstance(client_info, dict):
             session.client_info = {k: v for k, v in client_info.items() if k in ("name", "version")}
         self._metrics.sessions_opened.inc()
-        request["session_id"] = session.id
+        request[SESSION_ID] = session.id
         body = jsonrpc.result_response(init.id, self._dispatcher.initialize_result(version))
         return json_answer(body, headers={SESSION_HEADER: session.id, VERSION_HEADER: version})
 

@@ -1,0 +1,453 @@
+"""An upstream MCP server reached over Streamable HTTP.
+
+One MCP session upstream serves every client session. Replies may come as one JSON object or
+as a ``text/event-stream`` that first carries the request's progress and other notifications.
+When the upstream forgets our session (404), we initialize a new one and retry once: many
+servers drop sessions on restart, and a client that recovers by itself is what they expect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import structlog
+
+from satgate_mcp import events, jsonrpc
+from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.events import Publisher
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import HttpUpstreamSpec
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, strip_client_credentials
+from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
+from satgate_mcp.upstream.wire import (
+    RestartPolicy,
+    SseDecoder,
+    cancelled_params,
+    check_initialize_result,
+    clip,
+    initialize_params,
+    restart_plan,
+    split_batch,
+)
+
+#: Largest JSON body accepted from an upstream.
+MAX_BODY = 64 * 1024 * 1024
+#: Headers the gateway sets itself; configured headers cannot replace them.
+PROTOCOL_HEADERS = frozenset({"accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"})
+JSON_AND_SSE = "application/json, text/event-stream"
+
+
+def request_headers(
+    configured: Mapping[str, str],
+    *,
+    accept: str,
+    session_id: str | None,
+    protocol_version: str | None,
+    json_body: bool,
+) -> dict[str, str]:
+    """The operator's headers (the upstream's own credentials) plus the protocol's, which win."""
+    headers = {k: v for k, v in configured.items() if k.lower() not in PROTOCOL_HEADERS}
+    headers["Accept"] = accept
+    if json_body:
+        headers["Content-Type"] = "application/json"
+    if session_id:
+        headers["Mcp-Session-Id"] = session_id
+    if protocol_version:
+        headers["MCP-Protocol-Version"] = protocol_version
+    return headers
+
+
+def status_problem(status: int, *, had_session: bool) -> str:
+    """Why an HTTP status without a JSON-RPC reply means the upstream cannot serve the call."""
+    if status == 200:
+        return "closed its answer before replying"
+    if status == 202:
+        return "accepted the request without replying"
+    if status in (401, 403):
+        return f"refused the gateway's credentials (HTTP {status}); check this upstream's headers"
+    if status == 404:
+        return "forgot the session again right after it was renewed" if had_session else "has no MCP endpoint here"
+    return f"answered HTTP {status}"
+
+
+class HttpUpstream:
+    def __init__(
+        self,
+        name: str,
+        spec: HttpUpstreamSpec,
+        *,
+        publisher: Publisher,
+        metrics: Metrics,
+        client_session_factory: Callable[[], aiohttp.ClientSession] | None = None,
+        restart_policy: RestartPolicy | None = None,
+        listen: bool = True,
+    ) -> None:
+        """``listen`` opens the optional GET stream that carries notifications outside any request."""
+        self.name = name
+        self._spec = spec
+        self._publisher = publisher
+        self._metrics = metrics
+        self._factory = client_session_factory
+        self._policy = restart_policy or RestartPolicy()
+        self._listen_enabled = listen
+        self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport="http")
+        self._inbox = Inbox(name, self._post_message)
+        self._ids = itertools.count(1)
+        self._http: aiohttp.ClientSession | None = None
+        self._session_id: str | None = None
+        self._protocol_version: str | None = None
+        self._init_result: JsonObj | None = None
+        self._ready = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._init_lock = asyncio.Lock()
+        self._connector: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self.handshakes = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def initialize_result(self) -> JsonObj | None:
+        return self._init_result
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session_id
+
+    async def start(self, on_notification: NotificationCallback) -> None:
+        if self._http is not None or self._closing.is_set():
+            return
+        self._inbox.on_notification = on_notification
+        if self._factory is not None:
+            self._http = self._factory()
+        else:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, self._spec.timeout))
+            self._http = aiohttp.ClientSession(timeout=timeout)
+        self._reconnect()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        if self._ready.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def request(
+        self,
+        method: str,
+        params: JsonObj | None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> JsonObj:
+        budget = self._spec.timeout if timeout is None else timeout
+        self._check_open()
+        upstream_id = next(self._ids)
+        params, route = self._inbox.open_route(strip_client_credentials(params), on_progress)
+        message = jsonrpc.request_message(upstream_id, method, params)
+        sent = False
+        try:
+            async with asyncio.timeout(budget):
+                await self._ensure_ready()
+                sent = True
+                reply = await self._exchange(message)
+                await self._inbox.close_route(route, drain=True)
+            return reply
+        except TimeoutError:
+            if not self._ready.is_set():
+                raise UpstreamUnavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
+                                          {"error": "upstream_unavailable", "upstream": self.name}) from None
+            if sent:
+                await self._send_cancel(upstream_id, f"timed out after {budget:g}s")
+            raise UpstreamTimeout(
+                f"upstream {self.name!r} did not answer {method} within {budget:g}s",
+                {"error": "upstream_timeout", "upstream": self.name},
+            ) from None
+        except asyncio.CancelledError:
+            if sent:
+                self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))
+            raise
+        finally:
+            await self._inbox.close_route(route, drain=False)
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        self._check_open()
+        await self._ensure_ready()
+        message = jsonrpc.notification_message(method, strip_client_credentials(params))
+        stale = self._session_id
+        if await self._post_message(message) == 404 and stale is not None:
+            await self._renew(stale)
+            await self._post_message(message)
+
+    async def close(self) -> None:
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._ready.clear()
+        for task in (self._connector, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._http is not None and self._session_id is not None:
+            await self._delete_session()
+        await self._inbox.aclose()
+        if self._http is not None:
+            await self._http.close()
+
+    # -- session -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing.is_set() or self._http is None:
+            raise UpstreamUnavailable(f"upstream {self.name!r} is not running",
+                                      {"error": "upstream_unavailable", "upstream": self.name})
+
+    def _reconnect(self) -> None:
+        """Keep trying to initialize in the background so readiness recovers without a call."""
+        if self._closing.is_set() or (self._connector is not None and not self._connector.done()):
+            return
+        self._connector = asyncio.create_task(self._connect_loop(), name=f"upstream-{self.name}")
+
+    async def _connect_loop(self) -> None:
+        attempt = 0
+        while not self._closing.is_set():
+            try:
+                await self._ensure_ready()
+                return
+            except UpstreamUnavailable as exc:
+                delay, attempt = restart_plan(attempt, 0.0, self._policy)
+                self._log.warning("upstream_connect_failed", error=exc.message, retry_in=delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._closing.wait()
+
+    async def _ensure_ready(self) -> None:
+        if self._ready.is_set():
+            return
+        async with self._init_lock:
+            if not self._ready.is_set():
+                await self._handshake("reconnect")
+
+    async def _renew(self, stale_session: str) -> None:
+        """Single flight: whoever sees the 404 first renews; the others reuse the new session."""
+        async with self._init_lock:
+            if self._ready.is_set() and self._session_id != stale_session:
+                return
+            self._ready.clear()
+            await self._handshake("session expired (HTTP 404)")
+
+    async def _handshake(self, reason: str) -> None:
+        self._check_open()
+        self._ready.clear()
+        if self._listener is not None:
+            self._listener.cancel()
+        self._session_id = self._protocol_version = None
+        message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())
+        try:
+            async with asyncio.timeout(self._spec.timeout):
+                status, reply, session_id = await self._post(message)
+                if reply is None:
+                    raise UpstreamUnavailable(f"upstream {self.name!r} {status_problem(status, had_session=False)}")
+                try:
+                    result = check_initialize_result(reply)
+                except ValueError as exc:
+                    raise UpstreamUnavailable(f"upstream {self.name!r}: {exc}") from None
+                self._session_id, self._protocol_version = session_id, str(result["protocolVersion"])
+                status = await self._post_message(jsonrpc.notification_message("notifications/initialized"))
+        except TimeoutError:
+            raise UpstreamUnavailable(f"upstream {self.name!r} did not answer initialize in time",
+                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
+        if status >= 400:
+            self._log.warning("upstream_initialized_refused", status=status)
+        self._init_result = result
+        self._ready.set()
+        if self.handshakes:
+            self._metrics.upstream_restarts.labels(upstream=self.name).inc()
+            self._publisher.publish(events.UPSTREAM_RESTART, upstream=self.name, transport="http", reason=reason)
+        self.handshakes += 1
+        self._log.info("upstream_ready", server=result.get("serverInfo"), protocol=self._protocol_version,
+                       reason=reason, has_session=session_id is not None)
+        if self._listen_enabled:
+            self._listener = asyncio.create_task(self._listen(session_id))
+        self._inbox.notify(RELIST_NOTIFICATION, None)
+
+    def _connection_lost(self, why: str) -> None:
+        if self._ready.is_set():
+            self._log.warning("upstream_connection_lost", error=why)
+        self._ready.clear()
+        self._reconnect()
+
+    async def _delete_session(self) -> None:
+        assert self._http is not None
+        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+                                  protocol_version=self._protocol_version, json_body=False)
+        try:
+            async with asyncio.timeout(2.0), self._http.delete(self._spec.url, headers=headers) as resp:
+                self._log.info("upstream_session_deleted", status=resp.status)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self._log.info("upstream_session_delete_failed", error=str(exc) or repr(exc))
+
+    # -- exchanges ---------------------------------------------------------------------------
+
+    async def _exchange(self, message: JsonObj) -> JsonObj:
+        renewed = False
+        while True:
+            used = self._session_id
+            status, reply, _ = await self._post(message)
+            if status == 404 and used is not None and not renewed:
+                self._log.info("upstream_session_expired", method=message["method"])
+                await self._renew(used)
+                renewed = True
+                continue
+            if reply is not None and not (status == 404 and renewed):
+                return reply
+            raise UpstreamUnavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
+                                      {"error": "upstream_unavailable", "upstream": self.name, "status": status})
+
+    async def _post(self, message: JsonObj) -> tuple[int, JsonObj | None, str | None]:
+        """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header)."""
+        assert self._http is not None
+        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+                                  protocol_version=self._protocol_version, json_body=True)
+        want = message["id"]
+        try:
+            async with self._http.post(self._spec.url, data=_encode(message), headers=headers) as resp:
+                session_id = resp.headers.get("Mcp-Session-Id")
+                if resp.content_type == "text/event-stream" and resp.status == 200:
+                    return resp.status, await self._read_stream(resp, want), session_id
+                body = await _read_limited(resp)
+                reply = self._take(body, want) if body.strip() else None
+                if reply is None and resp.status == 200:
+                    raise UpstreamUnavailable(f"upstream {self.name!r} answered without a reply to the request",
+                                              {"error": "upstream_unavailable", "upstream": self.name})
+                return resp.status, reply, session_id
+        except (aiohttp.ClientError, OSError) as exc:
+            why = str(exc) or type(exc).__name__
+            self._connection_lost(why)
+            raise UpstreamUnavailable(f"cannot reach upstream {self.name!r}: {why}",
+                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
+
+    async def _post_message(self, message: JsonObj) -> int:
+        """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""
+        if self._http is None:
+            raise UpstreamUnavailable(f"upstream {self.name!r} is not running")
+        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+                                  protocol_version=self._protocol_version, json_body=True)
+        try:
+            async with self._http.post(self._spec.url, data=_encode(message), headers=headers) as resp:
+                await _read_limited(resp)
+                return resp.status
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnavailable(f"cannot reach upstream {self.name!r}: {exc}",
+                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
+
+    async def _send_cancel(self, upstream_id: RequestId, reason: str) -> None:
+        message = jsonrpc.notification_message("notifications/cancelled", cancelled_params(upstream_id, reason))
+        try:
+            async with asyncio.timeout(2.0):
+                await self._post_message(message)
+        except (UpstreamUnavailable, TimeoutError) as exc:
+            self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None) -> JsonObj | None:
+        """Handle everything on an event stream until the reply with id ``want`` arrives."""
+        decoder = SseDecoder()
+        async for chunk in resp.content.iter_any():
+            try:
+                batch = decoder.feed(chunk)
+            except ValueError as exc:
+                raise UpstreamUnavailable(f"upstream {self.name!r} sent a broken event stream: {exc}") from None
+            for event in batch:
+                if event.event != "message" or not event.data.strip():
+                    continue
+                reply = self._take(event.data.encode(), want)
+                if reply is not None:
+                    return reply
+        return None
+
+    def _take(self, body: bytes, want: RequestId | None) -> JsonObj | None:
+        """Route what arrived; return the reply to ``want`` when it is among it."""
+        try:
+            value: Any = json.loads(body)
+        except ValueError:
+            self._log.warning("upstream_output_not_json", body=clip(body.decode("utf-8", "replace"), 500))
+            return None
+        found = None
+        for item in split_batch(value):
+            try:
+                message = jsonrpc.parse_message(item)
+            except jsonrpc.InvalidMessage as exc:
+                self._log.warning("upstream_message_invalid", reason=str(exc))
+                continue
+            if isinstance(message, jsonrpc.Response):
+                # A null id with an error is a refusal of the whole POST: it answers ours too.
+                if want is not None and (message.id == want or (message.id is None and message.error)):
+                    found = item
+                else:
+                    self._log.debug("upstream_reply_unmatched", request_id=message.id)
+            else:
+                self._inbox.handle(message)
+        return found
+
+    async def _listen(self, session_id: str | None) -> None:
+        """The GET stream: notifications and requests the upstream sends outside any call."""
+        assert self._http is not None
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while not self._closing.is_set() and self._session_id == session_id and self._ready.is_set():
+            headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=session_id,
+                                      protocol_version=self._protocol_version, json_body=False)
+            opened = loop.time()
+            try:
+                async with self._http.get(self._spec.url, headers=headers) as resp:
+                    if resp.status == 404 and session_id is not None:
+                        self._inbox.spawn(self._renew_quietly(session_id))
+                        return
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        self._log.debug("upstream_no_listen_stream", status=resp.status)
+                        return
+                    await self._read_stream(resp, None)
+            except (aiohttp.ClientError, OSError) as exc:
+                self._connection_lost(str(exc) or type(exc).__name__)
+                return
+            except UpstreamUnavailable as exc:
+                self._log.warning("upstream_listen_failed", error=exc.message)
+            # A stream that stayed open a while earns a quick reopen; one that keeps closing backs off.
+            delay, attempt = restart_plan(attempt, loop.time() - opened, self._policy)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._closing.wait()
+
+    async def _renew_quietly(self, stale_session: str) -> None:
+        try:
+            await self._renew(stale_session)
+        except UpstreamUnavailable as exc:
+            self._log.warning("upstream_renew_failed", error=exc.message)
+            self._connection_lost(exc.message)
+
+
+def _encode(message: JsonObj) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _read_limited(resp: aiohttp.ClientResponse) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise UpstreamUnavailable(f"upstream answered with more than {MAX_BODY} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

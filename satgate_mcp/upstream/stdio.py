@@ -1,0 +1,372 @@
+"""An upstream MCP server run as a child process speaking newline-delimited JSON-RPC on stdio.
+
+One child serves every client session. A supervisor task owns the child's life: spawn,
+initialize, watch, and on death fail every call in flight at once, then restart with backoff.
+The child runs in its own process group so that stopping it also stops anything it spawned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+from typing import Any
+
+import structlog
+
+from satgate_mcp import events, jsonrpc
+from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.events import Publisher
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import StdioUpstreamSpec
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, strip_client_credentials
+from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
+from satgate_mcp.upstream.wire import (
+    RestartPolicy,
+    cancelled_params,
+    check_initialize_result,
+    child_env,
+    clip,
+    describe_exit,
+    initialize_params,
+    restart_plan,
+    split_batch,
+)
+
+#: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
+LINE_LIMIT = 32 * 1024 * 1024
+
+
+class StdioUpstream:
+    def __init__(
+        self,
+        name: str,
+        spec: StdioUpstreamSpec,
+        *,
+        publisher: Publisher,
+        metrics: Metrics,
+        restart_policy: RestartPolicy | None = None,
+        ready_grace: float = 2.0,
+        stop_grace: float = 1.0,
+        terminate_timeout: float = 3.0,
+    ) -> None:
+        self.name = name
+        self._spec = spec
+        self._publisher = publisher
+        self._metrics = metrics
+        self._policy = restart_policy or RestartPolicy()
+        self._ready_grace = ready_grace
+        self._stop_grace = stop_grace
+        self._terminate_timeout = terminate_timeout
+        self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport="stdio")
+        self._inbox = Inbox(name, self._write)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[JsonObj]] = {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ready = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._init_result: JsonObj | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self.restarts = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def initialize_result(self) -> JsonObj | None:
+        return self._init_result
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's pid (also its process group id), for tests and diagnostics."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def start(self, on_notification: NotificationCallback) -> None:
+        if self._supervisor is not None or self._closing.is_set():
+            return
+        self._inbox.on_notification = on_notification
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream-{self.name}")
+
+    async def wait_ready(self, timeout: float) -> bool:
+        if self._ready.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def request(
+        self,
+        method: str,
+        params: JsonObj | None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> JsonObj:
+        budget = self._spec.timeout if timeout is None else timeout
+        await self._await_ready(budget)
+        return await self._roundtrip(method, strip_client_credentials(params), budget, on_progress)
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        await self._await_ready(self._spec.timeout)
+        await self._write(jsonrpc.notification_message(method, strip_client_credentials(params)))
+
+    async def close(self) -> None:
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._ready.clear()
+        self._fail_pending(f"upstream {self.name!r} is shutting down")
+        proc = self._proc
+        if proc is not None:
+            await self._stop_child(proc)
+        if self._supervisor is not None:
+            done, _ = await asyncio.wait({self._supervisor}, timeout=self._terminate_timeout + 1)
+            if not done:
+                self._supervisor.cancel()
+                await asyncio.wait({self._supervisor})
+        await self._inbox.aclose()
+
+    # -- the child's life ------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while not self._closing.is_set():
+            started = loop.time()
+            reason = await self._run_child()
+            if self._closing.is_set():
+                break
+            delay, attempt = restart_plan(attempt, loop.time() - started, self._policy)
+            self.restarts += 1
+            self._metrics.upstream_restarts.labels(upstream=self.name).inc()
+            self._publisher.publish(events.UPSTREAM_RESTART, upstream=self.name, transport="stdio",
+                                    reason=reason, delay=delay, attempt=attempt)
+            self._log.warning("upstream_restarting", reason=reason, delay=delay, attempt=attempt)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._closing.wait()
+
+    async def _run_child(self) -> str:
+        """Run one child from spawn to death; return why it ended."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._spec.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=child_env(os.environ, self._spec.env),
+                cwd=self._spec.cwd,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+        except OSError as exc:
+            self._log.error("upstream_spawn_failed", command=self._spec.command[0], error=str(exc))
+            return f"could not start {self._spec.command[0]!r}: {exc.strerror or exc}"
+        self._proc = proc
+        self._log.info("upstream_spawned", pid=proc.pid)
+        reader = asyncio.create_task(self._read_stdout(proc))
+        errors = asyncio.create_task(self._read_stderr(proc))
+        exited = asyncio.create_task(proc.wait())
+        init = asyncio.create_task(self._initialize())
+        failure: str | None = None
+        try:
+            failure = await self._watch(proc, init, reader, exited)
+        finally:
+            self._ready.clear()
+            self._fail_pending(f"upstream {self.name!r} went away ({self._exit_reason(proc)})")
+            await self._stop_child(proc)
+            await asyncio.wait({reader, errors, exited, init}, timeout=1.0)
+            for task in (reader, errors, exited, init):
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: a failure here is reported by _watch
+            self._proc = None
+            self._log.info("upstream_exited", pid=proc.pid, status=describe_exit(proc.returncode))
+        return failure or describe_exit(proc.returncode)
+
+    async def _watch(
+        self,
+        proc: asyncio.subprocess.Process,
+        init: asyncio.Task[None],
+        reader: asyncio.Task[None],
+        exited: asyncio.Task[int],
+    ) -> str | None:
+        """Wait until initialize fails or the child goes away; the failure text, if it failed."""
+        if self._closing.is_set():
+            return None
+        await asyncio.wait({init, reader, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if init.done() and init.exception() is not None:
+            self._log.error("upstream_initialize_failed", error=str(init.exception()))
+            return f"initialize failed: {init.exception()}"
+        if init.done():
+            self._ready.set()
+            self._log.info("upstream_ready", pid=proc.pid, server=(self._init_result or {}).get("serverInfo"))
+            self._inbox.notify(RELIST_NOTIFICATION, None)
+            await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
+        return None
+
+    def _exit_reason(self, proc: asyncio.subprocess.Process) -> str:
+        return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
+
+    async def _initialize(self) -> None:
+        reply = await self._roundtrip("initialize", initialize_params(), self._spec.timeout, None)
+        result = check_initialize_result(reply)
+        await self._write(jsonrpc.notification_message("notifications/initialized"))
+        self._init_result = result
+
+    async def _stop_child(self, proc: asyncio.subprocess.Process) -> None:
+        """EOF on stdin, then SIGTERM, then SIGKILL to the whole group; always reaped."""
+        if proc.returncode is None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            if not await _exited_within(proc, self._stop_grace):
+                _signal_group(proc.pid, signal.SIGTERM)
+                if not await _exited_within(proc, self._terminate_timeout):
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    await proc.wait()
+        # Anything the child left behind in its group goes with it.
+        _signal_group(proc.pid, signal.SIGKILL)
+
+    def _fail_pending(self, why: str) -> None:
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(UpstreamUnavailable(
+                    f"{why}; the call was lost", {"error": "upstream_unavailable", "upstream": self.name}))
+
+    # -- wire --------------------------------------------------------------------------------
+
+    async def _await_ready(self, budget: float) -> None:
+        if self._closing.is_set():
+            raise UpstreamUnavailable(f"upstream {self.name!r} is shut down",
+                                      {"error": "upstream_unavailable", "upstream": self.name})
+        if not await self.wait_ready(min(self._ready_grace, budget)):
+            raise UpstreamUnavailable(f"upstream {self.name!r} is not running (starting or restarting)",
+                                      {"error": "upstream_unavailable", "upstream": self.name})
+
+    async def _roundtrip(
+        self, method: str, params: JsonObj | None, timeout: float, on_progress: ProgressCallback | None
+    ) -> JsonObj:
+        loop = asyncio.get_running_loop()
+        upstream_id = next(self._ids)
+        params, route = self._inbox.open_route(params, on_progress)
+        reply: asyncio.Future[JsonObj] = loop.create_future()
+        self._pending[upstream_id] = reply
+        sent = False
+        try:
+            async with asyncio.timeout(timeout):
+                await self._write(jsonrpc.request_message(upstream_id, method, params))
+                sent = True
+                answer = await reply
+                await self._inbox.close_route(route, drain=True)
+            return answer
+        except TimeoutError:
+            if sent:
+                await self._send_cancel(upstream_id, f"timed out after {timeout:g}s")
+            raise UpstreamTimeout(
+                f"upstream {self.name!r} did not answer {method} within {timeout:g}s",
+                {"error": "upstream_timeout", "upstream": self.name},
+            ) from None
+        except asyncio.CancelledError:
+            if sent and (reply.cancelled() or not reply.done()):  # awaiting it cancelled it
+                self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))
+            raise
+        finally:
+            self._pending.pop(upstream_id, None)
+            await self._inbox.close_route(route, drain=False)
+
+    async def _send_cancel(self, upstream_id: int, reason: str) -> None:
+        message = jsonrpc.notification_message("notifications/cancelled", cancelled_params(upstream_id, reason))
+        try:
+            async with asyncio.timeout(2.0):
+                await self._write(message)
+        except (UpstreamUnavailable, TimeoutError) as exc:
+            self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
+
+    async def _write(self, message: JsonObj) -> None:
+        proc = self._proc
+        stdin = proc.stdin if proc is not None else None
+        if stdin is None or stdin.is_closing():
+            raise UpstreamUnavailable(f"upstream {self.name!r} is not running",
+                                      {"error": "upstream_unavailable", "upstream": self.name})
+        line = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        async with self._write_lock:
+            try:
+                stdin.write(line)
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise UpstreamUnavailable(f"upstream {self.name!r} closed its input: {exc}",
+                                          {"error": "upstream_unavailable", "upstream": self.name}) from None
+
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while True:
+            try:
+                line = await proc.stdout.readline()
+            except ValueError:
+                self._log.warning("upstream_line_too_long", limit=LINE_LIMIT)
+                continue
+            if not line:
+                return
+            self._receive(line)
+
+    def _receive(self, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace").strip()
+        if not text:
+            return
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            self._log.warning("upstream_output_not_json", line=clip(text, 500))
+            return
+        for item in split_batch(value):
+            try:
+                message = jsonrpc.parse_message(item)
+            except jsonrpc.InvalidMessage as exc:
+                self._log.warning("upstream_message_invalid", reason=str(exc), message=clip(json.dumps(item), 500))
+                continue
+            if isinstance(message, jsonrpc.Response):
+                waiter = self._pending.get(message.id) if isinstance(message.id, int) else None
+                if waiter is None or waiter.done():
+                    self._log.debug("upstream_reply_unmatched", request_id=message.id)
+                else:
+                    waiter.set_result(item)
+            else:
+                self._inbox.handle(message)
+
+    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while True:
+            try:
+                line = await proc.stderr.readline()
+            except ValueError:
+                continue
+            if not line:
+                return
+            text = line.decode("utf-8", errors="replace").rstrip()
+            if text:
+                self._log.info("upstream_stderr", line=clip(text))
+
+
+async def _exited_within(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            await proc.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -1,0 +1,196 @@
+"""Pure decisions shared by the upstream connections: ids, progress tokens, backoff, SSE framing.
+
+Nothing here does I/O, so each rule is tested from a table.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION
+
+CLIENT_NAME = "satgate-mcp"
+CLIENT_VERSION = "0.1.0"
+
+#: Revisions an upstream may answer ``initialize`` with; anything else is refused.
+KNOWN_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+
+#: Variables a child inherits from the gateway; everything else (secrets included) stays out.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+                 "TERM", "SYSTEMROOT")
+
+
+def initialize_params() -> JsonObj:
+    """The gateway offers no client capabilities: it answers sampling/roots/elicitation with errors."""
+    return {
+        "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": CLIENT_NAME, "version": CLIENT_VERSION},
+    }
+
+
+def check_initialize_result(reply: JsonObj) -> JsonObj:
+    """Return the ``initialize`` result or raise ValueError saying why the upstream cannot be used."""
+    if "error" in reply:
+        err = reply["error"] if isinstance(reply["error"], dict) else {}
+        raise ValueError(f"initialize failed: {err.get('message', 'unknown error')} (code {err.get('code')})")
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        raise ValueError("initialize answered without a result object")
+    version = result.get("protocolVersion")
+    if version not in KNOWN_PROTOCOL_VERSIONS:
+        raise ValueError(f"upstream speaks protocol {version!r}, which the gateway does not know")
+    if not isinstance(result.get("capabilities", {}), dict):
+        raise ValueError("initialize result has no capabilities object")
+    return result
+
+
+def rewrite_progress_token(params: JsonObj | None, token: str) -> tuple[JsonObj | None, Any]:
+    """Swap the caller's progress token for a gateway token; return (new params, caller's token or None).
+
+    Callers pick tokens independently, so two clients may use the same one; upstream, only the
+    gateway's token is seen and the caller's is restored on the way back.
+    """
+    if not params or not isinstance(params.get("_meta"), dict) or "progressToken" not in params["_meta"]:
+        return params, None
+    caller = params["_meta"]["progressToken"]
+    if not isinstance(caller, (str, int)) or isinstance(caller, bool):
+        return params, None
+    return {**params, "_meta": {**params["_meta"], "progressToken": token}}, caller
+
+
+def restore_progress_token(params: JsonObj, caller_token: Any) -> JsonObj:
+    return {**params, "progressToken": caller_token}
+
+
+def cancelled_params(request_id: RequestId, reason: str) -> JsonObj:
+    return {"requestId": request_id, "reason": reason}
+
+
+def answer_server_request(request: jsonrpc.Request) -> JsonObj:
+    """The gateway has no client features: pong for ping, method-not-found for the rest, so nothing waits."""
+    if request.method == "ping":
+        return jsonrpc.result_response(request.id, {})
+    return jsonrpc.error_response(
+        request.id, jsonrpc.METHOD_NOT_FOUND, f"the gateway does not offer {request.method!r} to upstreams"
+    )
+
+
+def backoff_delay(attempt: int, *, base: float = 0.1, cap: float = 10.0) -> float:
+    """Delay before restart number ``attempt`` (0-based): base doubling, capped."""
+    return float(min(cap, base * (2 ** min(attempt, 30))))
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """Exponential backoff between restarts; a child that stayed up ``stable_after`` seconds starts over."""
+
+    base: float = 0.1
+    cap: float = 10.0
+    stable_after: float = 30.0
+
+
+def restart_plan(attempt: int, uptime: float, policy: RestartPolicy) -> tuple[float, int]:
+    """(delay before the next start, the attempt number after it)."""
+    if uptime >= policy.stable_after:
+        attempt = 0
+    return backoff_delay(attempt, base=policy.base, cap=policy.cap), attempt + 1
+
+
+def child_env(inherited: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    env = {k: inherited[k] for k in INHERITED_ENV if k in inherited}
+    env.update(overrides)
+    return env
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def split_batch(value: Any) -> list[Any]:
+    """A JSON-RPC payload may be one message or a batch; callers handle messages one by one."""
+    return list(value) if isinstance(value, list) else [value]
+
+
+def clip(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    event: str
+    data: str
+    id: str | None = None
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class SseDecoder:
+    """Incremental ``text/event-stream`` parser: feed bytes as they arrive, get complete events.
+
+    Follows the WHATWG rules that matter for MCP: any line ending, ``data`` lines joined by
+    newlines, comments ignored, the event dispatched on a blank line.
+    """
+
+    def __init__(self, max_buffer: int = 64 * 1024 * 1024) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+        self._max_buffer = max_buffer
+        self._data: list[str] = []
+        self._event = ""
+        self._last_id: str | None = None
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        self._buffer += self._decoder.decode(chunk)
+        if not self._started and self._buffer:
+            self._buffer = self._buffer.removeprefix("\ufeff")
+            self._started = True
+        # A trailing CR may be the first half of CRLF: keep it until the next chunk says.
+        held = "\r" if self._buffer.endswith("\r") else ""
+        body = self._buffer[: len(self._buffer) - len(held)]
+        lines = _LINE_BREAK.split(body)
+        self._buffer = lines.pop() + held
+        if len(self._buffer) > self._max_buffer:
+            raise ValueError(f"server-sent event larger than {self._max_buffer} bytes")
+        events = []
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _line(self, line: str) -> SseEvent | None:
+        if not line:
+            if not self._data:
+                self._event = ""
+                return None
+            event = SseEvent(self._event or "message", "\n".join(self._data), self._last_id)
+            self._data, self._event = [], ""
+            return event
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._last_id = value
+        return None

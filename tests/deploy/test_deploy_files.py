@@ -1,0 +1,99 @@
+"""The deploy files keep their promises: every variable documented, stop timeouts longer than the drain,
+no secret in fly.toml, the hardening the issue lists. hadolint and systemd-analyze run in
+scripts/check-deploy.sh; these checks are what those linters cannot know."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from satgate_mcp.settings import ENV_PREFIX, Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_EXAMPLE = REPO / "config" / "satgate-mcp.env.example"
+DEFAULT_DRAIN = Settings.model_fields["drain_seconds"].default
+SECRETS = ("SATGATE_ROOT_KEY", "SATGATE_STATIC_TOKEN", "SATGATE_REDIS_URL")
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(REPO / "config" / name)
+    return parser
+
+
+def seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec)?", value.strip())
+    assert match, f"not a plain number of seconds: {value!r}"
+    return float(match.group(1))
+
+
+def example_lines() -> list[str]:
+    return ENV_EXAMPLE.read_text().splitlines()
+
+
+@pytest.mark.parametrize("var", [ENV_PREFIX + name.upper() for name in Settings.model_fields])
+def test_env_example_documents_every_variable_with_a_comment(var: str) -> None:
+    lines = example_lines()
+    at = [i for i, line in enumerate(lines) if re.match(rf"#?\s*{var}=", line)]
+    assert at, f"{var} missing from {ENV_EXAMPLE.name}"
+    assert lines[at[0] - 1].startswith("# "), f"{var} needs a one-line comment above it"
+
+
+def test_env_example_loads_as_it_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv(ENV_PREFIX + name.upper(), raising=False)
+    assert load_settings(ENV_EXAMPLE) == Settings()
+
+
+def test_env_example_sets_no_secret() -> None:
+    assert not [line for line in example_lines() if line.startswith(SECRETS) and line.split("=", 1)[1].strip()]
+
+
+def test_fly_config_drains_before_the_kill_and_keeps_secrets_out() -> None:
+    fly = tomllib.loads((REPO / "fly.toml").read_text())
+    drain = float(fly["env"].get("SATGATE_DRAIN_SECONDS", DEFAULT_DRAIN))
+    assert fly["kill_signal"] == "SIGTERM"
+    assert seconds(str(fly["kill_timeout"])) > drain
+    assert fly["deploy"]["strategy"] == "rolling"
+    service = fly["http_service"]
+    assert (service["internal_port"], service["min_machines_running"]) == (9100, 2)
+    assert [check["path"] for check in service["checks"]] == ["/readyz"]
+    assert not set(fly["env"]) & set(SECRETS)
+    assert "fly secrets set SATGATE_ROOT_KEY" in (REPO / "fly.toml").read_text()
+
+
+def test_systemd_service_drains_before_the_kill_and_is_hardened() -> None:
+    service = unit("satgate-mcp.service")["Service"]
+    assert service["KillSignal"] == "SIGTERM"
+    assert service["KillMode"] == "mixed", "children must not get SIGTERM while calls drain"
+    assert seconds(service["TimeoutStopSec"]) > DEFAULT_DRAIN
+    assert service["EnvironmentFile"] == "/etc/satgate-mcp/satgate-mcp.env"
+    assert service["Restart"] == "on-failure"
+    for key, value in {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+                       "ProtectHome": "yes", "PrivateTmp": "yes", "ProtectKernelTunables": "yes",
+                       "ProtectControlGroups": "yes", "LockPersonality": "yes", "SystemCallArchitectures": "native",
+                       "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6"}.items():
+        assert service[key] == value, key
+    assert service["StateDirectory"]
+
+
+def test_systemd_socket_listens_on_loopback_and_hands_one_listening_socket() -> None:
+    sock = unit("satgate-mcp.socket")["Socket"]
+    assert (sock["ListenStream"], sock["Accept"]) == ("127.0.0.1:9100", "no")
+    assert unit("satgate-mcp.service")["Unit"]["Requires"] == "satgate-mcp.socket"
+
+
+def test_dockerfile_runs_unprivileged_and_stops_with_sigterm() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    final = text.split("\nFROM ")[-1]
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2, "multi-stage"
+    assert re.search(r"^USER (?!root|0\b)\S+", final, re.M)
+    for line in ("STOPSIGNAL SIGTERM", "EXPOSE 9100", 'CMD ["satgate-mcp", "serve"]', "SATGATE_HOST=0.0.0.0"):
+        assert line in final, line
+    assert re.search(r"HEALTHCHECK .*CMD \[\"python\".*/healthz", final, re.S)
+    assert not re.search(r"apt-get|gcc|build-essential", final), "no build tools in the final stage"

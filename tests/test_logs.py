@@ -1,0 +1,123 @@
+"""Logging: one canonical line per HTTP request, and secrets never written."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp import AiohttpClient
+from structlog.testing import capture_logs
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.app import create_app
+from satgate_mcp.auth.base import StaticTokenAuthenticator
+from satgate_mcp.events import LogPublisher
+from satgate_mcp.logs import REDACTED, configure_logging, redact_secrets
+from satgate_mcp.settings import Settings
+from tests.fakes import AllowAllPolicy, FakePool
+
+SECRET = "s3cret-static-token"
+WRONG = "wrong-token-value"
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def redact(**event: Any) -> dict[str, Any]:
+    return dict(redact_secrets(None, "info", dict(event)))
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        pytest.param({"authorization": "Bearer abc"}, {"authorization": REDACTED}, id="authorization"),
+        pytest.param({"Authorization": "Bearer abc"}, {"Authorization": REDACTED}, id="authorization-any-case"),
+        pytest.param({"token": "abc"}, {"token": REDACTED}, id="token"),
+        pytest.param({"static_token": "abc"}, {"static_token": REDACTED}, id="static-token"),
+        pytest.param({"root_key": "abc"}, {"root_key": REDACTED}, id="root-key"),
+        pytest.param({"headers": {"X-Api-Key": "abc"}}, {"headers": REDACTED}, id="headers"),
+        pytest.param({"note": "sent Authorization: Bearer abc.def-ghi to x"},
+                     {"note": f"sent Authorization: Bearer {REDACTED} to x"}, id="bearer-in-text"),
+        pytest.param({"note": 'header "bearer abc" seen'}, {"note": f'header "Bearer {REDACTED}" seen'},
+                     id="lower-case-bearer-in-quotes"),
+        pytest.param({"event": "refused Bearer abc"}, {"event": f"refused Bearer {REDACTED}"}, id="event-text"),
+        pytest.param({"request": {"authorization": "Bearer abc", "path": "/mcp"}},
+                     {"request": {"authorization": REDACTED, "path": "/mcp"}}, id="nested"),
+        pytest.param({"argv": ["--token", "Bearer abc"]}, {"argv": ["--token", f"Bearer {REDACTED}"]}, id="list"),
+        pytest.param({"token_id": "alice", "session_id": "mcp-1", "status": 401},
+                     {"token_id": "alice", "session_id": "mcp-1", "status": 401}, id="ids-are-not-secrets"),
+    ],
+)
+def test_redaction(event: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert redact(**event) == expected
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """configure_logging changes global state; put it back so other tests keep capture_logs working."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    access_level = logging.getLogger("aiohttp.access").level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger("aiohttp.access").setLevel(access_level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_configured_json_logging_redacts_structlog_and_stdlib_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(Settings(log_format="json", log_level="INFO"))
+    structlog.get_logger("satgate_mcp.test_logs").info("auth", authorization=f"Bearer {SECRET}",
+                                                       note=f"Bearer {SECRET}", token_id="alice")
+    logging.getLogger("aiohttp.server").warning("bad header Authorization: Bearer %s", SECRET)
+    out = capsys.readouterr().out
+    assert SECRET not in out
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert (first["event"], first["authorization"], first["token_id"]) == ("auth", REDACTED, "alice")
+    assert first["level"] == "info"
+    assert second["event"] == f"bad header Authorization: Bearer {REDACTED}"
+
+
+# --- the canonical request line ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def client(aiohttp_client: AiohttpClient) -> TestClient[web.Request, web.Application]:
+    app = create_app(Settings(), authenticator=StaticTokenAuthenticator(SECRET), pool=FakePool(),
+                     policy=AllowAllPolicy(), publisher=LogPublisher())
+    return await aiohttp_client(app)
+
+
+async def post(client: TestClient[web.Request, web.Application], body: object, *, token: str,
+               session: str | None = None) -> ClientResponse:
+    headers = {**HEADERS, "Authorization": f"Bearer {token}"}
+    if session is not None:
+        headers["Mcp-Session-Id"] = session
+    return await client.post("/mcp", data=json.dumps(body), headers=headers)
+
+
+async def test_one_http_request_line_per_request(client: TestClient[web.Request, web.Application]) -> None:
+    init = jsonrpc.request_message(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+    with capture_logs() as logs:
+        session = (await post(client, init, token=SECRET)).headers["Mcp-Session-Id"]
+        assert (await post(client, jsonrpc.request_message(2, "ping"), token=SECRET, session=session)).status == 200
+        assert (await post(client, jsonrpc.request_message(3, "ping"), token=WRONG, session=session)).status == 401
+        assert (await client.get("/mcp")).status == 405
+    lines = [entry for entry in logs if entry["event"] == "http_request"]
+    assert [(e["method"], e["path"], e["status"], e["session_id"]) for e in lines] == [
+        ("POST", "/mcp", 200, session),
+        ("POST", "/mcp", 200, session),
+        ("POST", "/mcp", 401, session),
+        ("GET", "/mcp", 405, None),
+    ]
+    assert [e["rpc_method"] for e in lines] == ["initialize", "ping", "ping", None]
+    assert all(isinstance(e["duration_ms"], float) and e["duration_ms"] >= 0 for e in lines)
+    # Events (session_connect, auth_failure) are logged too, and no log entry carries a bearer token.
+    assert {"session_connect", "auth_failure"} <= {entry["event"] for entry in logs}
+    assert SECRET not in repr(logs)
+    assert WRONG not in repr(logs)

@@ -1,0 +1,216 @@
+"""The pure rules of the upstream layer, each from a table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.http import request_headers, status_problem
+from satgate_mcp.upstream.pool import ToolClash, merge_tools, template_matches
+from satgate_mcp.upstream.wire import (
+    RestartPolicy,
+    SseDecoder,
+    SseEvent,
+    answer_server_request,
+    backoff_delay,
+    check_initialize_result,
+    child_env,
+    describe_exit,
+    restart_plan,
+    rewrite_progress_token,
+)
+
+
+@pytest.mark.parametrize(
+    ("params", "new_params", "caller_token"),
+    [
+        pytest.param(None, None, None, id="no-params"),
+        pytest.param({"name": "x"}, {"name": "x"}, None, id="no-meta"),
+        pytest.param({"_meta": {"other": 1}}, {"_meta": {"other": 1}}, None, id="meta-without-token"),
+        pytest.param({"_meta": {"progressToken": "abc", "k": 2}, "name": "x"},
+                     {"_meta": {"progressToken": "gw-1", "k": 2}, "name": "x"}, "abc", id="string-token"),
+        pytest.param({"_meta": {"progressToken": 7}}, {"_meta": {"progressToken": "gw-1"}}, 7, id="integer-token"),
+        pytest.param({"_meta": {"progressToken": True}}, {"_meta": {"progressToken": True}}, None,
+                     id="bool-is-not-a-token"),
+    ],
+)
+def test_the_callers_progress_token_is_swapped_for_the_gateways(
+    params: JsonObj | None, new_params: JsonObj | None, caller_token: Any
+) -> None:
+    assert rewrite_progress_token(params, "gw-1") == (new_params, caller_token)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        pytest.param("ping", {"jsonrpc": "2.0", "id": 4, "result": {}}, id="ping-gets-pong"),
+        pytest.param("roots/list", jsonrpc.METHOD_NOT_FOUND, id="roots-refused"),
+        pytest.param("sampling/createMessage", jsonrpc.METHOD_NOT_FOUND, id="sampling-refused"),
+        pytest.param("elicitation/create", jsonrpc.METHOD_NOT_FOUND, id="elicitation-refused"),
+    ],
+)
+def test_every_server_request_gets_an_answer(method: str, expected: JsonObj | int) -> None:
+    answer = answer_server_request(jsonrpc.Request(4, method, None))
+    if isinstance(expected, dict):
+        assert answer == expected
+    else:
+        assert answer["id"] == 4
+        assert answer["error"]["code"] == expected
+
+
+@pytest.mark.parametrize(
+    ("attempt", "delay"),
+    [pytest.param(0, 0.1, id="first"), pytest.param(3, 0.8, id="doubling"), pytest.param(10, 10.0, id="capped"),
+     pytest.param(10_000, 10.0, id="huge-attempt")],
+)
+def test_backoff_doubles_up_to_a_cap(attempt: int, delay: float) -> None:
+    assert backoff_delay(attempt, base=0.1, cap=10.0) == pytest.approx(delay)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "uptime", "plan"),
+    [
+        pytest.param(0, 0.5, (0.1, 1), id="first-crash"),
+        pytest.param(4, 0.5, (1.6, 5), id="crash-loop-backs-off"),
+        pytest.param(4, 60.0, (0.1, 1), id="stable-child-starts-over"),
+    ],
+)
+def test_restart_plan(attempt: int, uptime: float, plan: tuple[float, int]) -> None:
+    delay, next_attempt = restart_plan(attempt, uptime, RestartPolicy(base=0.1, cap=10.0, stable_after=30.0))
+    assert (round(delay, 6), next_attempt) == plan
+
+
+def test_a_child_inherits_only_a_minimal_environment() -> None:
+    inherited = {"PATH": "/bin", "HOME": "/h", "SATGATE_ROOT_KEY": "secret", "AWS_SECRET_ACCESS_KEY": "x"}
+    assert child_env(inherited, {"API_KEY": "k", "PATH": "/opt/bin"}) == {"PATH": "/opt/bin", "HOME": "/h",
+                                                                          "API_KEY": "k"}
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [pytest.param(0, "exited with status 0", id="clean"), pytest.param(3, "exited with status 3", id="failed"),
+     pytest.param(-9, "killed by SIGKILL", id="killed"), pytest.param(None, "still running", id="running")],
+)
+def test_exit_descriptions(code: int | None, text: str) -> None:
+    assert describe_exit(code) == text
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        pytest.param({"result": {"protocolVersion": "2025-06-18", "capabilities": {}}}, None, id="ok"),
+        pytest.param({"result": {"protocolVersion": "2024-11-05", "capabilities": {}}}, None, id="older-ok"),
+        pytest.param({"result": {"protocolVersion": "1999-01-01"}}, "does not know", id="unknown-version"),
+        pytest.param({"error": {"code": -32600, "message": "nope"}}, "nope", id="error"),
+        pytest.param({"result": 3}, "without a result", id="not-an-object"),
+    ],
+)
+def test_initialize_results_are_checked(reply: JsonObj, problem: str | None) -> None:
+    if problem is None:
+        assert check_initialize_result(reply) == reply["result"]
+    else:
+        with pytest.raises(ValueError, match=problem):
+            check_initialize_result(reply)
+
+
+SSE_TEXT = b'event: message\r\ndata: {"a":\r\ndata: 1}\r\n\r\n: keepalive comment\n\nid: 7\ndata: two\n\n'
+SSE_EVENTS = [SseEvent("message", '{"a":\n1}', None), SseEvent("message", "two", "7")]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param([SSE_TEXT], id="one-chunk"),
+        pytest.param([bytes([b]) for b in SSE_TEXT], id="byte-by-byte"),
+        pytest.param([SSE_TEXT[:19], SSE_TEXT[19:]], id="split-inside-crlf"),
+    ],
+)
+def test_sse_events_survive_any_chunking(chunks: list[bytes]) -> None:
+    decoder = SseDecoder()
+    events = [event for chunk in chunks for event in decoder.feed(chunk)]
+    assert events == SSE_EVENTS
+
+
+def test_sse_multibyte_characters_split_across_chunks() -> None:
+    data = "data: h\u00e9\u00e9\n\n".encode()
+    decoder = SseDecoder()
+    events = decoder.feed(data[:8]) + decoder.feed(data[8:])
+    assert events == [SseEvent("message", "h\u00e9\u00e9")]
+
+
+def test_sse_refuses_an_endless_event() -> None:
+    with pytest.raises(ValueError, match="larger than"):
+        SseDecoder(max_buffer=10).feed(b"data: " + b"x" * 20)
+
+
+def test_configured_headers_cannot_replace_protocol_headers() -> None:
+    headers = request_headers({"Authorization": "Bearer upstream-own", "accept": "text/html", "X-Key": "k"},
+                              accept="application/json, text/event-stream", session_id="s1",
+                              protocol_version="2025-06-18", json_body=True)
+    assert headers == {"Authorization": "Bearer upstream-own", "X-Key": "k",
+                       "Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+                       "Mcp-Session-Id": "s1", "MCP-Protocol-Version": "2025-06-18"}
+
+
+@pytest.mark.parametrize(
+    ("status", "had_session", "text"),
+    [
+        pytest.param(401, False, "credentials", id="unauthorized"),
+        pytest.param(202, False, "without replying", id="accepted"),
+        pytest.param(404, True, "again", id="404-after-renewal"),
+        pytest.param(200, False, "before replying", id="stream-ended-early"),
+        pytest.param(502, False, "HTTP 502", id="bad-gateway"),
+    ],
+)
+def test_http_statuses_explain_themselves(status: int, had_session: bool, text: str) -> None:
+    assert text in status_problem(status, had_session=had_session)
+
+
+def _tools(*names: str) -> list[JsonObj]:
+    return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
+
+
+@pytest.mark.parametrize(
+    ("listings", "prefixes", "previous", "owners", "clashes"),
+    [
+        pytest.param({"a": _tools("x"), "b": _tools("y")}, {}, {}, {"x": ("a", "x"), "y": ("b", "y")}, [],
+                     id="distinct"),
+        pytest.param({"a": _tools("x"), "b": _tools("x")}, {"b": "b_"}, {}, {"x": ("a", "x"), "b_x": ("b", "x")}, [],
+                     id="prefix-resolves"),
+        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {}, {"x": ("a", "x")}, [ToolClash("x", "a", "b")],
+                     id="clash-first-configured-wins"),
+        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {"x": "b"}, {"x": ("b", "x")},
+                     [ToolClash("x", "b", "a")], id="clash-previous-owner-keeps-it"),
+        pytest.param({"a": [{"name": ""}, {"nope": 1}, *_tools("x", "x")]}, {}, {}, {"x": ("a", "x")}, [],
+                     id="junk-and-duplicates-skipped"),
+    ],
+)
+def test_tool_union(listings: dict[str, list[JsonObj]], prefixes: dict[str, str], previous: dict[str, str],
+                    owners: dict[str, tuple[str, str]], clashes: list[ToolClash]) -> None:
+    index = merge_tools(["a", "b"], listings, prefixes, previous)
+    assert index.owners == owners
+    assert index.clashes == clashes
+    assert [t["name"] for t in index.tools] == list(owners)
+
+
+def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
+    message = ToolClash("search", "github", "jira").message()
+    for part in ("'search'", "'github'", "'jira'", "tool_prefix"):
+        assert part in message
+
+
+@pytest.mark.parametrize(
+    ("template", "uri", "matches"),
+    [
+        pytest.param("memo://a/notes/{id}", "memo://a/notes/7", True, id="segment"),
+        pytest.param("memo://a/notes/{id}", "memo://a/notes/7/8", False, id="segment-not-path"),
+        pytest.param("file:///{+path}", "file:///etc/hosts", True, id="reserved-expansion"),
+        pytest.param("memo://a/notes/{id}", "memo://b/notes/7", False, id="other-host"),
+        pytest.param("db://x.y/{t}", "db://xzy/1", False, id="literal-dots-escaped"),
+    ],
+)
+def test_resource_templates_match_uris(template: str, uri: str, matches: bool) -> None:
+    assert template_matches(template, uri) is matches
