@@ -77,3 +77,16 @@ class AllowAllPolicy:
 
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
         return {}
+
+
+class FakeClock:
+    """A clock tests move by hand: what the code under test reads instead of waiting."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

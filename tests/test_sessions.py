@@ -21,6 +21,7 @@ from satgate_mcp.sessions import (
     session_id_matches_token,
     session_tag,
 )
+from tests.fakes import FakeClock
 
 TTL = 1800.0
 ALICE_TOKEN = "tok-alice"
@@ -28,17 +29,6 @@ BOB_TOKEN = "tok-bob"
 ALICE = Identity(token_id="alice")
 VERSION = "2025-06-18"
 ID_FORMAT = re.compile(r"^mcp-[0-9a-f]{32}-[0-9a-f]{32}$")
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -21,19 +21,9 @@ from satgate_mcp.auth.revocation import (
     parse_revocation_text,
     revocation_store_from_settings,
 )
+from tests.fakes import FakeClock
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-class FakeClock:
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.mark.parametrize(

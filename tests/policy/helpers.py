@@ -9,19 +9,9 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
+from tests.fakes import FakeClock
 
 ROOT_KEY = "k" * 32
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class FakeMinter:

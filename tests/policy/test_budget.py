@@ -17,7 +17,7 @@ from satgate_mcp.policy.budget import (
     resolve_cost,
     shown_remaining,
 )
-from tests.policy.helpers import FakeClock
+from tests.fakes import FakeClock
 
 COSTS = {"db_query": 5.0, "db_*": 3.0, "db_admin_*": 10.0, "search*": 0.5, "*": 2.0}
 

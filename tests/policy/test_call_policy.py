@@ -15,7 +15,8 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy import CallPolicy, upstream_certainly_did_not_run
-from tests.policy.helpers import ROOT_KEY, FakeClock, make_policy, refusals, settings
+from tests.fakes import FakeClock
+from tests.policy.helpers import ROOT_KEY, make_policy, refusals, settings
 
 ALICE = Identity("alice", budget_limit=10)
 WALL = 1_700_000_000.0

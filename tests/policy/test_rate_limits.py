@@ -19,7 +19,7 @@ from satgate_mcp.policy.limits import (
     retry_after_seconds,
     wait_for_token,
 )
-from tests.policy.helpers import FakeClock
+from tests.fakes import FakeClock
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ from satgate_mcp.policy.budget import BudgetStore, Charge, MemoryBudgetStore
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.limits import Bucket, RateSpec
 from satgate_mcp.policy.redis_stores import RedisStores
-from tests.policy.helpers import FakeClock, settings
+from tests.fakes import FakeClock
+from tests.policy.helpers import settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -28,7 +28,7 @@ from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublishe
 from satgate_mcp.keys import METRICS, REGISTRY, RESUMES_SESSIONS
 from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
 from satgate_mcp.settings import Settings
-from tests.fakes import AllowAllPolicy, FakePool
+from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 ROOT_KEY = "resume-tests-root-key-0123456789abcdef"
 OTHER_ROOT_KEY = "another-deployment-root-key-0123456789"
@@ -45,17 +45,6 @@ RACE_LAGS = 20
 VECTOR_TOKEN = "tok-alice"
 VECTOR_RANDOM = "0123456789abcdef0123456789abcdef"
 VECTOR_ID = "mcp-0123456789abcdef0123456789abcdef-78c81bb6184cc699239551fa7c0422ad"
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass(frozen=True)

@@ -36,24 +36,13 @@ from satgate_mcp.keys import REGISTRY
 from satgate_mcp.sessions import SessionRegistry, make_session_id
 from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.base import ProgressCallback
-from tests.fakes import AllowAllPolicy, FakePool
+from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 TTL = 1800.0
 SSE_ACCEPT = "application/json, text/event-stream"
 OAUTH_METADATA = "https://gw.example/.well-known/oauth-protected-resource"
 ID_FORMAT = re.compile(r"^mcp-[0-9a-f]{32}-[0-9a-f]{32}$")
 WAIT = 5.0  # bound on waiting for an event that the code under test sets
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class TokenNameAuthenticator:
