@@ -122,6 +122,8 @@ BATCH_NOT_ALLOWED = Refusal(400, "batch_not_supported",
                             "JSON-RPC batches are only supported by protocol revision 2025-03-26")
 INITIALIZE_IN_BATCH = Refusal(400, "invalid_request", "initialize must not be part of a batch")
 EMPTY_BATCH = Refusal(400, "invalid_request", "an empty JSON array is not a valid JSON-RPC batch")
+METHOD_NOT_ALLOWED = Refusal(405, "method_not_allowed", "Use POST (or DELETE to end a session)",
+                             headers={"Allow": "POST, DELETE"})
 GET_NOT_ALLOWED = Refusal(405, "method_not_allowed", "This server does not offer a server-initiated SSE stream",
                           headers={"Allow": "POST, DELETE"})
 

@@ -80,6 +80,7 @@ class StreamableHttpTransport:
         app.router.add_post(path, self.post)
         app.router.add_delete(path, self.delete)
         app.router.add_get(path, self.get)
+        app.router.add_route("*", path, self.other)
 
     # --- edges shared by every verb -------------------------------------------------------------
 
@@ -134,6 +135,10 @@ class StreamableHttpTransport:
         """No server-initiated stream: 405 before and after a restart, and nothing is created."""
         refusal = self.check_origin_and_host(request)
         return refusal_answer(refusal or rules.GET_NOT_ALLOWED)
+
+    async def other(self, request: web.Request) -> web.StreamResponse:
+        """PUT, PATCH, ...: still a JSON-RPC body, so a client shows the reason."""
+        return refusal_answer(rules.METHOD_NOT_ALLOWED)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         refusal = self.check_origin_and_host(request)

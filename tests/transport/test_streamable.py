@@ -451,6 +451,13 @@ async def test_405_for_get_with_an_allow_header(gw: Gateway, session: str, with_
     assert len(gw.registry) == 1
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH"])
+async def test_405_json_rpc_body_for_other_http_methods(gw: Gateway, session: str, method: str) -> None:
+    resp = await gw.client.request(method, "/mcp", headers={"Mcp-Session-Id": session}, data=b"{}")
+    await assert_refusal(resp, 405, "method_not_allowed")
+    assert set(resp.headers["Allow"].replace(" ", "").split(",")) == {"POST", "DELETE"}
+
+
 async def test_delete_ends_the_session_then_404(gw: Gateway, session: str) -> None:
     resp = await gw.client.delete("/mcp", headers={"Mcp-Session-Id": session})
     assert resp.status == 200
