@@ -470,6 +470,8 @@ async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listen
     sites = [web.SockSite(runner, lst.sock, backlog=BACKLOG) for lst in listeners]
     for site in sites:
         await site.start()
+    if not ready:
+        log.warning("upstreams_not_ready", waited_seconds=READY_WAIT_SECONDS, readiness=runner.app[POOL].readiness())
     for lst in listeners:
         log.info("listening", host=lst.host, port=lst.port, source=lst.source, name=lst.name,
                  reuse_port=settings.reuse_port if lst.source == "bind" else None, ready=ready)

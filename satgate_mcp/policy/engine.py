@@ -63,7 +63,8 @@ def upstream_certainly_did_not_run(reply: JsonObj | None, exc: BaseException | N
     A timeout, any other error, and any result mean it may have run: those stay charged."""
     if exc is not None:
         if isinstance(exc, UpstreamUnavailable):
-            return True
+            # A call lost because the connection died mid-flight may have run; only one never sent is refunded.
+            return not (exc.data or {}).get("in_flight")
         return isinstance(exc, GatewayError) and exc.code in NOT_RUN_CODES
     if isinstance(reply, dict):
         error = reply.get("error")

@@ -196,11 +196,14 @@ class HttpUpstream:
             return
         self._closing.set()
         self._ready.clear()
-        for task in (self._connector, self._listener):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [t for t in (self._connector, self._listener) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                self._log.warning("upstream_task_failed", error=repr(task.exception()))
         if self._http is not None and self._session_id is not None:
             await self._delete_session()
         await self._inbox.aclose()

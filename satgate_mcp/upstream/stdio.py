@@ -241,8 +241,9 @@ class StdioUpstream:
         self._pending.clear()
         for fut in pending:
             if not fut.done():
-                fut.set_exception(UpstreamUnavailable(
-                    f"{why}; the call was lost", {"error": "upstream_unavailable", "upstream": self.name}))
+                # in_flight: the upstream may have started (even finished) the work before it died.
+                fut.set_exception(UpstreamUnavailable(f"{why}; the call was lost", {
+                    "error": "upstream_unavailable", "upstream": self.name, "in_flight": True}))
 
     # -- wire --------------------------------------------------------------------------------
 

@@ -10,12 +10,15 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from satgate_mcp import runner
+from satgate_mcp.dispatch import Pool
+from satgate_mcp.keys import POOL
 from satgate_mcp.runner import (
     BindAddress,
     DrainState,
@@ -348,3 +351,34 @@ async def test_connections_queued_on_a_closed_bound_socket_are_served_not_reset(
     finally:
         writer.close()
         queued.sock.close()
+
+
+class TogglePool:
+    def __init__(self) -> None:
+        self.ready = False
+
+    def readiness(self) -> dict[str, bool]:
+        return {"up": self.ready}
+
+
+def app_with(pool: TogglePool) -> web.Application:
+    app = web.Application()
+    app[POOL] = cast(Pool, pool)
+    return app
+
+
+async def test_listening_waits_for_upstreams_to_be_ready() -> None:
+    pool = TogglePool()
+    waiting = asyncio.create_task(runner._wait_ready(app_with(pool), asyncio.Event(), timeout=5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    pool.ready = True
+    assert await asyncio.wait_for(waiting, 5) is True
+
+
+@pytest.mark.parametrize("stopped", [pytest.param(False, id="timeout"), pytest.param(True, id="stop-signal")])
+async def test_waiting_for_readiness_is_bounded(stopped: bool) -> None:
+    stop = asyncio.Event()
+    if stopped:
+        stop.set()
+    assert await asyncio.wait_for(runner._wait_ready(app_with(TogglePool()), stop, timeout=0.1), 5) is False

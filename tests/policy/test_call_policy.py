@@ -163,6 +163,7 @@ async def test_hundred_concurrent_admits_never_overspend() -> None:
     ("reply", "exc", "did_not_run"),
     [
         pytest.param(None, UpstreamUnavailable("down"), True, id="unreachable"),
+        pytest.param(None, UpstreamUnavailable("died", {"in_flight": True}), False, id="died-mid-call-may-have-run"),
         pytest.param({"error": {"code": -32600, "message": "bad"}}, None, True, id="invalid-request"),
         pytest.param({"error": {"code": -32601, "message": "no"}}, None, True, id="method-not-found"),
         pytest.param({"error": {"code": -32602, "message": "no"}}, None, True, id="invalid-params"),
