@@ -487,7 +487,11 @@ async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listen
     conns = server.connections
     log.info("drain_started", connections=len(conns), in_flight=sum(not connection_idle(c) for c in conns),
              adopted=adopted)
-    await runner.shutdown()  # on_shutdown ends long-lived streams, before the wait, as aiohttp orders it
+    # on_shutdown ends long-lived streams, before the wait, as aiohttp orders it; within the deadline.
+    try:
+        await asyncio.wait_for(runner.shutdown(), max(0.0, deadline - loop.time()))
+    except TimeoutError:
+        log.warning("on_shutdown_timeout")
     report = await drain(server, state, deadline=deadline, cut=cut, clock=loop.time, adopted=adopted)
     fields = {"reason": report.reason, "drained": report.drained, "cut": report.cut,
               "closed_idle": report.closed_idle, "adopted": report.adopted, "seconds": report.seconds}

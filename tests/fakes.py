@@ -12,6 +12,7 @@ from typing import Any
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import UnknownTarget
+from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.upstream.base import ProgressCallback
 
@@ -90,3 +91,22 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class AwaitablePublisher(RecordingPublisher):
+    """A RecordingPublisher a test can await: ``await publisher.first(events.SESSION_CLOSE)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._published = asyncio.Event()
+
+    def publish(self, event: str, **fields: Any) -> None:
+        super().publish(event, **fields)
+        self._published.set()
+
+    async def first(self, event: str, timeout: float = 5.0) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while not self.named(event):
+                self._published.clear()
+                await self._published.wait()
+        return self.named(event)[0]

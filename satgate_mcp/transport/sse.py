@@ -49,6 +49,13 @@ class LegacySseTransport:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/sse", self.stream)
         app.router.add_post("/message", self.message)
+        app.on_shutdown.append(self.end_streams)
+
+    async def end_streams(self, app: web.Application) -> None:
+        """On SIGTERM: open streams would hold the drain until its deadline; end them so clients reconnect."""
+        for state in self._streams.values():
+            if not state.queue.full():  # replies already queued go out first
+                state.queue.put_nowait(None)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         refusal = self._mcp.check_origin_and_host(request)

@@ -107,10 +107,14 @@ class Gateway:
         return [e for e in self.events if e.get("event") == name]
 
     async def wait_event(self, name: str, timeout: float = EVENT_TIMEOUT) -> dict[str, Any]:
+        return await self.wait_line(lambda e: e.get("event") == name, name, timeout)
+
+    async def wait_line(self, match: Callable[[dict[str, Any]], bool], name: str,
+                        timeout: float = EVENT_TIMEOUT) -> dict[str, Any]:
         async def first() -> dict[str, Any]:
             async with self.changed:
                 while True:
-                    found = self.find(name)
+                    found = [e for e in self.events if match(e)]
                     if found:
                         return found[0]
                     if self.find("<eof>"):
@@ -151,10 +155,12 @@ class Gateways:
     def __init__(self) -> None:
         self.started: list[Gateway] = []
 
-    async def start(self, env: dict[str, str], *, name: str, pass_fd: int | None = None) -> Gateway:
+    async def start(self, env: dict[str, str], *, name: str, pass_fd: int | None = None,
+                    wrapper: list[str] | None = None) -> Gateway:
+        """``wrapper`` (e.g. systemd-socket-activate) runs in front of the gateway and execs it."""
+        fds: tuple[int, ...] = ()
         if pass_fd is None:
-            argv = [sys.executable, "-m", "satgate_mcp", "serve"]
-            fds: tuple[int, ...] = ()
+            argv = [*(wrapper or []), sys.executable, "-m", "satgate_mcp", "serve"]
         else:
             argv = [sys.executable, "-c", _SYSTEMD_EXEC]
             env = {**env, "HARNESS_LISTEN_FD": str(pass_fd)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import anyio
 import pytest
 
@@ -237,3 +239,22 @@ async def test_sigterm_during_startup_stops_cleanly_without_listening(gateways: 
     assert gateway.find("stopped_during_startup")
     assert not gateway.find("listening")
     assert not [pid for pid in gateway.upstream_pids() if pid_alive(pid)], "upstream child left behind"
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate not installed")
+async def test_systemd_socket_activation_as_systemd_itself_speaks_it(gateways: Gateways) -> None:
+    port = free_port()
+    env = gateway_env(1)  # SATGATE_PORT=1 could never be bound: under activation it is not used
+    passed = [arg for var in sorted(env) if var.startswith("SATGATE_") or var in ("PATH", "PYTHONUNBUFFERED")
+              for arg in ("-E", var)]
+    wrapper = ["systemd-socket-activate", "-l", f"127.0.0.1:{port}", "--fdname=satgate", *passed]
+    gateway = await gateways.start(env, name="activated", wrapper=wrapper)
+    await gateway.wait_line(lambda e: "Listening on" in e.get("line", ""), "systemd-socket-activate listening")
+    # The first connection starts the gateway; it waits in the socket's queue meanwhile.
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz",
+                                                         timeout=aiohttp.ClientTimeout(total=30)) as response:
+        assert response.status == 200
+    listening = await gateway.wait_event("listening")
+    assert (listening["source"], listening["name"], listening["port"]) == ("systemd", "satgate", port)
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)

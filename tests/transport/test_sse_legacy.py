@@ -1,0 +1,77 @@
+"""The legacy HTTP+SSE transport (2024-11-05) with the official SDK's SSE client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from mcp.client.session import ClientSession
+from mcp.client.sse import sse_client
+
+from satgate_mcp import events
+from satgate_mcp.app import create_app
+from satgate_mcp.auth.base import NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.keys import REGISTRY
+from satgate_mcp.settings import Settings
+from tests.fakes import AllowAllPolicy, AwaitablePublisher, FakePool
+
+AppFactory = Callable[..., web.Application]
+
+
+def make_app(publisher: RecordingPublisher, **settings: Any) -> web.Application:
+    auth = (StaticTokenAuthenticator("s3cret-token") if settings.get("auth_mode") == "config"
+            else NoAuthenticator())
+    return create_app(Settings(**settings), authenticator=auth, pool=FakePool(), policy=AllowAllPolicy(),
+                      publisher=publisher)
+
+
+async def test_sdk_sse_client_initializes_lists_and_calls() -> None:
+    publisher = AwaitablePublisher()
+    app = make_app(publisher)
+    async with TestServer(app) as server:
+        async with sse_client(str(server.make_url("/sse"))) as (read, write), ClientSession(read, write) as session:
+            init = await session.initialize()
+            assert init.protocol_version == "2024-11-05"
+            tools = await session.list_tools()
+            assert "echo" in [t.name for t in tools.tools]
+            result = await session.call_tool("echo", {"text": "over sse"})
+            assert result.content[0].text == "over sse"  # type: ignore[union-attr]
+        # The stream closing ends the session, without a tombstone (legacy sessions are never resumed).
+        closed = await publisher.first(events.SESSION_CLOSE)
+        assert closed["reason"] == "disconnected"
+        assert app[REGISTRY].tombstone_count == 0
+
+
+async def test_sse_refuses_a_missing_token_in_config_mode() -> None:
+    app = make_app(RecordingPublisher(), auth_mode="config", static_token="s3cret-token")
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/sse")
+        assert resp.status == 401
+        body = await resp.json()
+        assert body["error"]["data"]["error"] == "unauthorized"
+        assert len(app[REGISTRY]) == 0
+
+
+@pytest.mark.parametrize("session_id", [pytest.param("", id="none"), pytest.param("mcp-unknown", id="unknown")])
+async def test_message_for_an_unknown_stream_is_404(session_id: str) -> None:
+    app = make_app(RecordingPublisher())
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post(f"/message?sessionId={session_id}", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert resp.status == 404
+        assert (await resp.json())["error"]["data"]["error"] == "session_not_found"
+
+
+async def test_shutdown_ends_open_streams_so_the_drain_need_not_wait() -> None:
+    app = make_app(RecordingPublisher())
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/sse")
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"event: endpoint")
+        await app.shutdown()
+        rest = await asyncio.wait_for(resp.content.read(), 5)
+        assert rest == b""  # the server ended the stream
