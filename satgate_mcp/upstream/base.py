@@ -7,6 +7,7 @@ clients can multiplex over it, and maps replies and progress back to the caller.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -74,3 +75,15 @@ def strip_client_credentials(params: JsonObj | None) -> JsonObj | None:
     else:
         del out["_meta"]
     return out
+
+
+async def event_within(event: asyncio.Event, timeout: float) -> bool:
+    """Whether ``event`` is set within ``timeout`` seconds: readiness waits without raising."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -23,7 +23,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, strip_client_credentials
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, event_within, strip_client_credentials
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
@@ -94,14 +94,7 @@ class StdioUpstream:
         self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream-{self.name}")
 
     async def wait_ready(self, timeout: float) -> bool:
-        if self._ready.is_set():
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                await self._ready.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await event_within(self._ready, timeout)
 
     async def request(
         self,
