@@ -303,9 +303,15 @@ def _deserialize(token: str) -> Any:
     if not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
         raise TokenInvalid("malformed token")
     try:
-        return Macaroon.deserialize(token)
+        mac = Macaroon.deserialize(token)
+        canonical = mac.serialize()
     except Exception:  # pymacaroons raises anything from IndexError to binascii.Error on garbage
         raise TokenInvalid("malformed token") from None
+    # Loose base64 decoding accepts trailing junk; one credential must have one spelling, since sessions
+    # are bound to the exact bearer string.
+    if canonical != token:
+        raise TokenInvalid("malformed token")
+    return mac
 
 
 def parse_token(token: str) -> ParsedToken:

@@ -72,6 +72,10 @@ def upstream_certainly_did_not_run(reply: JsonObj | None, exc: BaseException | N
     return False
 
 
+#: Marks, beside a duplicate key, that some copy of the call ran (so a refund of another copy is withheld).
+RAN_SUFFIX = ":ran"
+
+
 @dataclass(slots=True)
 class Admission:
     """What ``admit`` let through; hand it back to ``settle`` exactly once."""
@@ -86,6 +90,8 @@ class Admission:
     limited: bool = False
     duplicate: bool = False
     duplicate_key: str | None = None
+    #: Set on a re-sent call admitted free: the duplicate key of the original it copies.
+    replay_key: str | None = None
     remaining: float | None = None
     settled: bool = False
 
@@ -159,6 +165,7 @@ class CallPolicy:
         dup_key = duplicate_key(identity.token_id, session_id, request_id, params) if session_id else None
         if dup_key is not None and not await self._duplicates.claim(dup_key):
             admission.duplicate = True
+            admission.replay_key = dup_key
             admission.remaining = await self._budgets.remaining(identity.budget_key, limit=limit)
             self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=0,
                                     duplicate=True, remaining=shown_remaining(admission.remaining))
@@ -199,9 +206,18 @@ class CallPolicy:
         if admission.settled:
             return
         admission.settled = True
-        if admission.method != TOOLS_CALL or ran:
+        if admission.method != TOOLS_CALL:
+            return
+        if admission.replay_key is not None:
+            await self._settle_replay(admission, ran=ran)
+            return
+        if ran:
             return
         if admission.duplicate_key is not None:
+            ran_marker = admission.duplicate_key + RAN_SUFFIX
+            if not await self._duplicates.claim(ran_marker):
+                return  # a re-send of this call ran: this charge pays for it
+            await self._duplicates.release(ran_marker)
             await self._duplicates.release(admission.duplicate_key)
         if admission.limited and admission.charged:
             await self._budgets.refund(admission.budget_key, admission.charged)
@@ -210,6 +226,22 @@ class CallPolicy:
                                     tool=admission.tool or "", cost=-admission.charged, refund=True,
                                     remaining=shown_remaining(admission.remaining))
             admission.charged = 0.0
+
+    async def _settle_replay(self, admission: Admission, *, ran: bool) -> None:
+        """A re-sent call that ran is paid exactly once: by the original's charge, unless the original
+        was refunded as never sent, in which case this copy pays now."""
+        assert admission.replay_key is not None
+        if not ran:
+            return
+        await self._duplicates.claim(admission.replay_key + RAN_SUFFIX)  # the original's refund must keep its charge
+        if not await self._duplicates.claim(admission.replay_key):
+            return  # the original still holds its charge
+        limit = initial_limit(admission.identity, self._settings.budgets)
+        charge = await self._budgets.charge(admission.budget_key, admission.cost, limit=limit, enforce=False)
+        admission.charged = admission.cost
+        admission.remaining = charge.remaining
+        self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
+                                cost=admission.cost, replay=True, remaining=shown_remaining(charge.remaining))
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None) -> None:
         buckets = buckets_for(identity.token_id, tool, overall=self._rate, tool_rates=self._tool_rates)

@@ -108,6 +108,8 @@ TOKEN_CASES = [
     pytest.param(lambda: "é" * 10, KEY, NOW, AuthOutcome.INVALID, id="non-ascii"),
     pytest.param(lambda: mint() + "A" * 9000, KEY, NOW, AuthOutcome.INVALID, id="oversized"),
     pytest.param(lambda: mint()[:-10], KEY, NOW, AuthOutcome.INVALID, id="truncated"),
+    pytest.param(lambda: mint() + "x", KEY, NOW, AuthOutcome.INVALID, id="trailing-junk-is-another-spelling"),
+    pytest.param(lambda: mint() + "=", KEY, NOW, AuthOutcome.INVALID, id="trailing-padding-is-another-spelling"),
 ]
 
 

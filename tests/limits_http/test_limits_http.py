@@ -69,6 +69,17 @@ class ScriptedPool(FakePool):
         return jsonrpc.error_response(0, int(args["code"]), "the upstream refused")
 
 
+class DownBeforeSendingPool(ScriptedPool):
+    """An upstream that is down: every call waits for ``release``, then fails without having been sent."""
+
+    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                   ) -> JsonObj:
+        self.calls.append((method, params))
+        self.started.set()
+        await self.release.wait()
+        raise UpstreamUnavailable("upstream is down", {"error": "upstream_unavailable", "in_flight": False})
+
+
 class CountingPublisher(RecordingPublisher):
     """Records events and lets a test await a count of them (bounded) instead of sleeping."""
 
@@ -185,9 +196,9 @@ class Deployment:
     authenticator: MacaroonAuthenticator
     aiohttp_client: AiohttpClient
 
-    async def start(self, *, metrics: Metrics | None = None) -> Gateway:
+    async def start(self, *, metrics: Metrics | None = None, pool: ScriptedPool | None = None) -> Gateway:
         """A gateway process on this deployment; calling it again is a restart or a second replica."""
-        pool = ScriptedPool()
+        pool = pool or ScriptedPool()
         app = create_app(self.settings, authenticator=self.authenticator, pool=pool, policy=self.policy,
                          publisher=self.publisher, metrics=metrics or self.metrics, clock=self.clock)
         return Gateway(app, await self.aiohttp_client(app), pool)
@@ -454,6 +465,22 @@ async def test_a_resumed_session_re_sending_its_in_flight_call_after_a_restart_i
     # the same id with other params is another call, and pays
     assert echoed(await second.call(token, sid, "block", request_id=7, text="changed"), "changed")
     assert await deployment.remaining(token) == 8
+
+
+async def test_a_re_sent_call_that_ran_is_paid_even_when_the_original_is_refunded(deploy: Deploy) -> None:
+    deployment = deploy()
+    first = await deployment.start(pool=DownBeforeSendingPool())
+    token = mint(budget_limit=10)
+    sid = await first.initialize(token)
+    original = asyncio.create_task(first.call(token, sid, request_id=7, text="pay once"))
+    await asyncio.wait_for(first.pool.started.wait(), WAIT)
+
+    second = await deployment.start(metrics=Metrics())
+    assert echoed(await second.call(token, sid, request_id=7, text="pay once"), "pay once")  # it ran here
+    first.pool.release.set()
+    assert (await asyncio.wait_for(original, WAIT)).error["code"] == jsonrpc.UPSTREAM_UNAVAILABLE
+
+    assert await deployment.remaining(token) == 9
 
 
 # --- a new session resets nothing --------------------------------------------------------------------

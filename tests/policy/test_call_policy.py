@@ -214,6 +214,28 @@ async def test_same_call_resent_is_charged_once_and_still_forwarded() -> None:
     assert publisher.named(events.BUDGET_SPEND)[-1]["duplicate"] is True
 
 
+@pytest.mark.parametrize(
+    ("first_settled", "original_ran", "resend_ran", "remaining"),
+    [
+        pytest.param("resend", False, True, 9, id="re-send-ran-then-original-refunded"),
+        pytest.param("original", False, True, 9, id="original-refunded-then-re-send-ran"),
+        pytest.param("original", True, True, 9, id="both-ran"),
+        pytest.param("original", False, False, 10, id="neither-ran"),
+        pytest.param("resend", False, False, 10, id="neither-ran-re-send-first"),
+    ],
+)
+async def test_a_call_that_ran_is_paid_exactly_once_whichever_copy_settles_first(
+        first_settled: str, original_ran: bool, resend_ran: bool, remaining: int) -> None:
+    policy, *_ = make_policy()
+    original = await admit_tool(policy, params=call("echo", text="hi"))
+    resend = await admit_tool(policy, params=call("echo", text="hi"))
+    assert resend.duplicate
+    order = [(original, original_ran), (resend, resend_ran)]
+    for admission, ran in (order if first_settled == "original" else order[::-1]):
+        await policy.settle(admission, ran=ran)
+    assert (await policy.budget_status(ALICE))["remaining"] == remaining
+
+
 async def test_different_params_or_id_are_charged_again() -> None:
     policy, *_ = make_policy()
     await admit_tool(policy, params=call("echo", text="hi"))
