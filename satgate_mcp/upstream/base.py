@@ -18,6 +18,14 @@ ProgressCallback = Callable[[JsonObj], Awaitable[None]]
 #: Receives server-initiated notifications (method, params), e.g. ``notifications/tools/list_changed``.
 NotificationCallback = Callable[[str, JsonObj | None], Awaitable[None]]
 
+#: The handshake may take longer than a tool call's timeout: a cold child (node, python) needs seconds to start.
+MIN_INITIALIZE_TIMEOUT = 10.0
+
+
+def initialize_timeout(call_timeout: float) -> float:
+    return max(call_timeout, MIN_INITIALIZE_TIMEOUT)
+
+
 #: The protocol revision the gateway speaks to its upstreams.
 UPSTREAM_PROTOCOL_VERSION = "2025-06-18"
 

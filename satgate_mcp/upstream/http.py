@@ -24,7 +24,13 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
-from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, event_within, strip_client_credentials
+from satgate_mcp.upstream.base import (
+    NotificationCallback,
+    ProgressCallback,
+    event_within,
+    initialize_timeout,
+    strip_client_credentials,
+)
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
@@ -252,7 +258,7 @@ class HttpUpstream:
         self._session_id = self._protocol_version = None
         message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())
         try:
-            async with asyncio.timeout(self._spec.timeout):
+            async with asyncio.timeout(initialize_timeout(self._spec.timeout)):
                 status, reply, session_id = await self._post(message)
                 if reply is None:
                     raise UpstreamUnavailable(f"upstream {self.name!r} {status_problem(status, had_session=False)}")

@@ -23,7 +23,13 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, event_within, strip_client_credentials
+from satgate_mcp.upstream.base import (
+    NotificationCallback,
+    ProgressCallback,
+    event_within,
+    initialize_timeout,
+    strip_client_credentials,
+)
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
@@ -211,7 +217,7 @@ class StdioUpstream:
         return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
 
     async def _initialize(self) -> None:
-        reply = await self._roundtrip("initialize", initialize_params(), self._spec.timeout, None)
+        reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout), None)
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result

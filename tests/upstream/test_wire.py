@@ -8,6 +8,7 @@ import pytest
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.base import initialize_timeout
 from satgate_mcp.upstream.http import request_headers, status_problem
 from satgate_mcp.upstream.pool import ToolClash, merge_tools, template_matches
 from satgate_mcp.upstream.wire import (
@@ -214,3 +215,12 @@ def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
 )
 def test_resource_templates_match_uris(template: str, uri: str, matches: bool) -> None:
     assert template_matches(template, uri) is matches
+
+
+@pytest.mark.parametrize(
+    ("call_timeout", "handshake"),
+    [pytest.param(0.5, 10.0, id="short-call-timeout-still-lets-a-cold-child-start"),
+     pytest.param(60.0, 60.0, id="long-call-timeout-is-kept")],
+)
+def test_the_handshake_timeout_is_never_shorter_than_a_cold_start(call_timeout: float, handshake: float) -> None:
+    assert initialize_timeout(call_timeout) == handshake
