@@ -9,16 +9,13 @@ servers drop sessions on restart, and a client that recovers by itself is what t
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-import structlog
 
-from satgate_mcp import events, jsonrpc
+from satgate_mcp import jsonrpc
 from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
@@ -27,20 +24,18 @@ from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream.base import (
     NotificationCallback,
     ProgressCallback,
-    event_within,
     initialize_timeout,
     strip_client_credentials,
 )
-from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
+from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
+from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
     SseDecoder,
-    cancelled_params,
     check_initialize_result,
     clip,
     initialize_params,
     restart_plan,
-    split_batch,
 )
 
 #: Largest JSON body accepted from an upstream.
@@ -83,7 +78,7 @@ def status_problem(status: int, *, had_session: bool) -> str:
     return f"answered HTTP {status}"
 
 
-class HttpUpstream:
+class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
     def __init__(
         self,
         name: str,
@@ -96,34 +91,17 @@ class HttpUpstream:
         listen: bool = True,
     ) -> None:
         """``listen`` opens the optional GET stream that carries notifications outside any request."""
-        self.name = name
-        self._spec = spec
-        self._publisher = publisher
-        self._metrics = metrics
+        super().__init__(name, spec, transport="http", send=self._post_message, publisher=publisher,
+                         metrics=metrics, restart_policy=restart_policy)
         self._factory = client_session_factory
-        self._policy = restart_policy or RestartPolicy()
         self._listen_enabled = listen
-        self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport="http")
-        self._inbox = Inbox(name, self._post_message)
-        self._ids = itertools.count(1)
         self._http: aiohttp.ClientSession | None = None
         self._session_id: str | None = None
         self._protocol_version: str | None = None
-        self._init_result: JsonObj | None = None
-        self._ready = asyncio.Event()
-        self._closing = asyncio.Event()
         self._init_lock = asyncio.Lock()
         self._connector: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
         self.handshakes = 0
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    @property
-    def initialize_result(self) -> JsonObj | None:
-        return self._init_result
 
     @property
     def session_id(self) -> str | None:
@@ -139,9 +117,6 @@ class HttpUpstream:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, self._spec.timeout))
             self._http = aiohttp.ClientSession(timeout=timeout)
         self._reconnect()
-
-    async def wait_ready(self, timeout: float) -> bool:
-        return await event_within(self._ready, timeout)
 
     async def request(
         self,
@@ -191,10 +166,8 @@ class HttpUpstream:
             await self._post_message(message)
 
     async def close(self) -> None:
-        if self._closing.is_set():
+        if not self._begin_close():
             return
-        self._closing.set()
-        self._ready.clear()
         tasks = [t for t in (self._connector, self._listener) if t is not None]
         for task in tasks:
             task.cancel()
@@ -213,8 +186,7 @@ class HttpUpstream:
 
     def _check_open(self) -> None:
         if self._closing.is_set() or self._http is None:
-            raise UpstreamUnavailable(f"upstream {self.name!r} is not running",
-                                      {"error": "upstream_unavailable", "upstream": self.name})
+            raise self._unavailable(f"upstream {self.name!r} is not running")
 
     def _reconnect(self) -> None:
         """Keep trying to initialize in the background so readiness recovers without a call."""
@@ -231,9 +203,7 @@ class HttpUpstream:
             except UpstreamUnavailable as exc:
                 delay, attempt = restart_plan(attempt, 0.0, self._policy)
                 self._log.warning("upstream_connect_failed", error=exc.message, retry_in=delay)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._closing.wait()
+            await self._pause(delay)
 
     async def _ensure_ready(self) -> None:
         if self._ready.is_set():
@@ -269,15 +239,13 @@ class HttpUpstream:
                 self._session_id, self._protocol_version = session_id, str(result["protocolVersion"])
                 status = await self._post_message(jsonrpc.notification_message("notifications/initialized"))
         except TimeoutError:
-            raise UpstreamUnavailable(f"upstream {self.name!r} did not answer initialize in time",
-                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
+            raise self._unavailable(f"upstream {self.name!r} did not answer initialize in time") from None
         if status >= 400:
             self._log.warning("upstream_initialized_refused", status=status)
         self._init_result = result
         self._ready.set()
         if self.handshakes:
-            self._metrics.upstream_restarts.labels(upstream=self.name).inc()
-            self._publisher.publish(events.UPSTREAM_RESTART, upstream=self.name, transport="http", reason=reason)
+            self._count_restart(reason=reason)
         self.handshakes += 1
         self._log.info("upstream_ready", server=result.get("serverInfo"), protocol=self._protocol_version,
                        reason=reason, has_session=session_id is not None)
@@ -315,8 +283,8 @@ class HttpUpstream:
                 continue
             if reply is not None and not (status == 404 and renewed):
                 return reply
-            raise UpstreamUnavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
-                                      {"error": "upstream_unavailable", "upstream": self.name, "status": status})
+            raise self._unavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
+                                    status=status)
 
     async def _post(self, message: JsonObj) -> tuple[int, JsonObj | None, str | None]:
         """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header)."""
@@ -325,21 +293,19 @@ class HttpUpstream:
                                   protocol_version=self._protocol_version, json_body=True)
         want = message["id"]
         try:
-            async with self._http.post(self._spec.url, data=_encode(message), headers=headers) as resp:
+            async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
                 session_id = resp.headers.get("Mcp-Session-Id")
                 if resp.content_type == "text/event-stream" and resp.status == 200:
                     return resp.status, await self._read_stream(resp, want), session_id
                 body = await _read_limited(resp)
                 reply = self._take(body, want) if body.strip() else None
                 if reply is None and resp.status == 200:
-                    raise UpstreamUnavailable(f"upstream {self.name!r} answered without a reply to the request",
-                                              {"error": "upstream_unavailable", "upstream": self.name})
+                    raise self._unavailable(f"upstream {self.name!r} answered without a reply to the request")
                 return resp.status, reply, session_id
         except (aiohttp.ClientError, OSError) as exc:
             why = str(exc) or type(exc).__name__
             self._connection_lost(why)
-            raise UpstreamUnavailable(f"cannot reach upstream {self.name!r}: {why}",
-                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
+            raise self._unavailable(f"cannot reach upstream {self.name!r}: {why}") from None
 
     async def _post_message(self, message: JsonObj) -> int:
         """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""
@@ -348,20 +314,11 @@ class HttpUpstream:
         headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
                                   protocol_version=self._protocol_version, json_body=True)
         try:
-            async with self._http.post(self._spec.url, data=_encode(message), headers=headers) as resp:
+            async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
                 await _read_limited(resp)
                 return resp.status
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnavailable(f"cannot reach upstream {self.name!r}: {exc}",
-                                      {"error": "upstream_unavailable", "upstream": self.name}) from None
-
-    async def _send_cancel(self, upstream_id: RequestId, reason: str) -> None:
-        message = jsonrpc.notification_message("notifications/cancelled", cancelled_params(upstream_id, reason))
-        try:
-            async with asyncio.timeout(2.0):
-                await self._post_message(message)
-        except (UpstreamUnavailable, TimeoutError) as exc:
-            self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
+            raise self._unavailable(f"cannot reach upstream {self.name!r}: {exc}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None) -> JsonObj | None:
         """Handle everything on an event stream until the reply with id ``want`` arrives."""
@@ -387,20 +344,12 @@ class HttpUpstream:
             self._log.warning("upstream_output_not_json", body=clip(body.decode("utf-8", "replace"), 500))
             return None
         found = None
-        for item in split_batch(value):
-            try:
-                message = jsonrpc.parse_message(item)
-            except jsonrpc.InvalidMessage as exc:
-                self._log.warning("upstream_message_invalid", reason=str(exc))
-                continue
-            if isinstance(message, jsonrpc.Response):
-                # A null id with an error is a refusal of the whole POST: it answers ours too.
-                if want is not None and (message.id == want or (message.id is None and message.error)):
-                    found = item
-                else:
-                    self._log.debug("upstream_reply_unmatched", request_id=message.id)
+        for message, item in self._sort_incoming(value):
+            # A null id with an error is a refusal of the whole POST: it answers ours too.
+            if want is not None and (message.id == want or (message.id is None and message.error)):
+                found = item
             else:
-                self._inbox.handle(message)
+                self._log.debug("upstream_reply_unmatched", request_id=message.id)
         return found
 
     async def _listen(self, session_id: str | None) -> None:
@@ -428,9 +377,7 @@ class HttpUpstream:
                 self._log.warning("upstream_listen_failed", error=exc.message)
             # A stream that stayed open a while earns a quick reopen; one that keeps closing backs off.
             delay, attempt = restart_plan(attempt, loop.time() - opened, self._policy)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._closing.wait()
+            await self._pause(delay)
 
     async def _renew_quietly(self, stale_session: str) -> None:
         try:
@@ -438,10 +385,6 @@ class HttpUpstream:
         except UpstreamUnavailable as exc:
             self._log.warning("upstream_renew_failed", error=exc.message)
             self._connection_lost(exc.message)
-
-
-def _encode(message: JsonObj) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 async def _read_limited(resp: aiohttp.ClientResponse) -> bytes:

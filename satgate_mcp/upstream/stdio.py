@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import signal
 from typing import Any
 
-import structlog
-
-from satgate_mcp import events, jsonrpc
-from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp import jsonrpc
+from satgate_mcp.errors import UpstreamTimeout
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -26,28 +23,26 @@ from satgate_mcp.settings import StdioUpstreamSpec
 from satgate_mcp.upstream.base import (
     NotificationCallback,
     ProgressCallback,
-    event_within,
     initialize_timeout,
     strip_client_credentials,
 )
-from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION, Inbox
+from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
+from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
-    cancelled_params,
     check_initialize_result,
     child_env,
     clip,
     describe_exit,
     initialize_params,
     restart_plan,
-    split_batch,
 )
 
 #: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
 LINE_LIMIT = 32 * 1024 * 1024
 
 
-class StdioUpstream:
+class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
     def __init__(
         self,
         name: str,
@@ -60,33 +55,16 @@ class StdioUpstream:
         stop_grace: float = 1.0,
         terminate_timeout: float = 3.0,
     ) -> None:
-        self.name = name
-        self._spec = spec
-        self._publisher = publisher
-        self._metrics = metrics
-        self._policy = restart_policy or RestartPolicy()
+        super().__init__(name, spec, transport="stdio", send=self._write, publisher=publisher, metrics=metrics,
+                         restart_policy=restart_policy)
         self._ready_grace = ready_grace
         self._stop_grace = stop_grace
         self._terminate_timeout = terminate_timeout
-        self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport="stdio")
-        self._inbox = Inbox(name, self._write)
-        self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[JsonObj]] = {}
         self._proc: asyncio.subprocess.Process | None = None
-        self._ready = asyncio.Event()
-        self._closing = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        self._init_result: JsonObj | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self.restarts = 0
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    @property
-    def initialize_result(self) -> JsonObj | None:
-        return self._init_result
 
     @property
     def pid(self) -> int | None:
@@ -98,9 +76,6 @@ class StdioUpstream:
             return
         self._inbox.on_notification = on_notification
         self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream-{self.name}")
-
-    async def wait_ready(self, timeout: float) -> bool:
-        return await event_within(self._ready, timeout)
 
     async def request(
         self,
@@ -119,10 +94,8 @@ class StdioUpstream:
         await self._write(jsonrpc.notification_message(method, strip_client_credentials(params)))
 
     async def close(self) -> None:
-        if self._closing.is_set():
+        if not self._begin_close():
             return
-        self._closing.set()
-        self._ready.clear()
         self._fail_pending(f"upstream {self.name!r} is shutting down")
         proc = self._proc
         if proc is not None:
@@ -146,13 +119,9 @@ class StdioUpstream:
                 break
             delay, attempt = restart_plan(attempt, loop.time() - started, self._policy)
             self.restarts += 1
-            self._metrics.upstream_restarts.labels(upstream=self.name).inc()
-            self._publisher.publish(events.UPSTREAM_RESTART, upstream=self.name, transport="stdio",
-                                    reason=reason, delay=delay, attempt=attempt)
+            self._count_restart(reason=reason, delay=delay, attempt=attempt)
             self._log.warning("upstream_restarting", reason=reason, delay=delay, attempt=attempt)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._closing.wait()
+            await self._pause(delay)
 
     async def _run_child(self) -> str:
         """Run one child from spawn to death; return why it ended."""
@@ -241,18 +210,15 @@ class StdioUpstream:
         for fut in pending:
             if not fut.done():
                 # in_flight: the upstream may have started (even finished) the work before it died.
-                fut.set_exception(UpstreamUnavailable(f"{why}; the call was lost", {
-                    "error": "upstream_unavailable", "upstream": self.name, "in_flight": True}))
+                fut.set_exception(self._unavailable(f"{why}; the call was lost", in_flight=True))
 
     # -- wire --------------------------------------------------------------------------------
 
     async def _await_ready(self, budget: float) -> None:
         if self._closing.is_set():
-            raise UpstreamUnavailable(f"upstream {self.name!r} is shut down",
-                                      {"error": "upstream_unavailable", "upstream": self.name})
+            raise self._unavailable(f"upstream {self.name!r} is shut down")
         if not await self.wait_ready(min(self._ready_grace, budget)):
-            raise UpstreamUnavailable(f"upstream {self.name!r} is not running (starting or restarting)",
-                                      {"error": "upstream_unavailable", "upstream": self.name})
+            raise self._unavailable(f"upstream {self.name!r} is not running (starting or restarting)")
 
     async def _roundtrip(
         self, method: str, params: JsonObj | None, timeout: float, on_progress: ProgressCallback | None
@@ -285,28 +251,18 @@ class StdioUpstream:
             self._pending.pop(upstream_id, None)
             await self._inbox.close_route(route, drain=False)
 
-    async def _send_cancel(self, upstream_id: int, reason: str) -> None:
-        message = jsonrpc.notification_message("notifications/cancelled", cancelled_params(upstream_id, reason))
-        try:
-            async with asyncio.timeout(2.0):
-                await self._write(message)
-        except (UpstreamUnavailable, TimeoutError) as exc:
-            self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
-
     async def _write(self, message: JsonObj) -> None:
         proc = self._proc
         stdin = proc.stdin if proc is not None else None
         if stdin is None or stdin.is_closing():
-            raise UpstreamUnavailable(f"upstream {self.name!r} is not running",
-                                      {"error": "upstream_unavailable", "upstream": self.name})
-        line = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+            raise self._unavailable(f"upstream {self.name!r} is not running")
+        line = encode_message(message) + b"\n"
         async with self._write_lock:
             try:
                 stdin.write(line)
                 await stdin.drain()
             except (BrokenPipeError, ConnectionResetError) as exc:
-                raise UpstreamUnavailable(f"upstream {self.name!r} closed its input: {exc}",
-                                          {"error": "upstream_unavailable", "upstream": self.name}) from None
+                raise self._unavailable(f"upstream {self.name!r} closed its input: {exc}") from None
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -329,20 +285,12 @@ class StdioUpstream:
         except ValueError:
             self._log.warning("upstream_output_not_json", line=clip(text, 500))
             return
-        for item in split_batch(value):
-            try:
-                message = jsonrpc.parse_message(item)
-            except jsonrpc.InvalidMessage as exc:
-                self._log.warning("upstream_message_invalid", reason=str(exc), message=clip(json.dumps(item), 500))
-                continue
-            if isinstance(message, jsonrpc.Response):
-                waiter = self._pending.get(message.id) if isinstance(message.id, int) else None
-                if waiter is None or waiter.done():
-                    self._log.debug("upstream_reply_unmatched", request_id=message.id)
-                else:
-                    waiter.set_result(item)
+        for message, item in self._sort_incoming(value):
+            waiter = self._pending.get(message.id) if isinstance(message.id, int) else None
+            if waiter is None or waiter.done():
+                self._log.debug("upstream_reply_unmatched", request_id=message.id)
             else:
-                self._inbox.handle(message)
+                waiter.set_result(item)
 
     async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None

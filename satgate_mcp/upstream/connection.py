@@ -1,0 +1,118 @@
+"""What the stdio and HTTP upstream connections share: identity, readiness, the inbox, message routing.
+
+Only what means the same on both transports lives here; how a transport connects, sends,
+matches replies and restarts stays with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from satgate_mcp import events, jsonrpc
+from satgate_mcp.errors import UpstreamUnavailable
+from satgate_mcp.events import Publisher
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.upstream.base import event_within
+from satgate_mcp.upstream.inbox import Inbox
+from satgate_mcp.upstream.wire import RestartPolicy, cancelled_params, clip, split_batch
+
+SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
+
+
+def encode_message(message: JsonObj) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class UpstreamConnection(Generic[SpecT]):
+    def __init__(
+        self,
+        name: str,
+        spec: SpecT,
+        *,
+        transport: str,
+        send: Callable[[JsonObj], Awaitable[object]],
+        publisher: Publisher,
+        metrics: Metrics,
+        restart_policy: RestartPolicy | None,
+    ) -> None:
+        """``send`` delivers one message the gateway did not await a reply to: answers and notifications."""
+        self.name = name
+        self._spec: SpecT = spec
+        self._transport = transport
+        self._send = send
+        self._publisher = publisher
+        self._metrics = metrics
+        self._policy = restart_policy or RestartPolicy()
+        self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport=transport)
+        self._inbox = Inbox(name, send)
+        self._ids = itertools.count(1)
+        self._ready = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._init_result: JsonObj | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def initialize_result(self) -> JsonObj | None:
+        return self._init_result
+
+    async def wait_ready(self, timeout: float) -> bool:
+        return await event_within(self._ready, timeout)
+
+    def _begin_close(self) -> bool:
+        """Mark the connection closing and not ready; False when it already was, so close() runs once."""
+        if self._closing.is_set():
+            return False
+        self._closing.set()
+        self._ready.clear()
+        return True
+
+    async def _pause(self, delay: float) -> None:
+        """Back off before the next attempt; close() cuts the wait short."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._closing.wait()
+
+    def _unavailable(self, message: str, **data: Any) -> UpstreamUnavailable:
+        return UpstreamUnavailable(message, {"error": "upstream_unavailable", "upstream": self.name, **data})
+
+    def _count_restart(self, **fields: Any) -> None:
+        self._metrics.upstream_restarts.labels(upstream=self.name).inc()
+        self._publisher.publish(events.UPSTREAM_RESTART, upstream=self.name, transport=self._transport, **fields)
+
+    async def _send_cancel(self, upstream_id: RequestId, reason: str) -> None:
+        message = jsonrpc.notification_message("notifications/cancelled", cancelled_params(upstream_id, reason))
+        try:
+            async with asyncio.timeout(2.0):
+                await self._send(message)
+        except (UpstreamUnavailable, TimeoutError) as exc:
+            self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
+
+    def _sort_incoming(self, value: Any) -> list[tuple[jsonrpc.Response, Any]]:
+        """Hand the upstream's notifications and requests to the inbox; return its replies for the caller to match.
+
+        Invalid messages are logged and skipped: one bad item must not lose the rest of a batch.
+        """
+        replies = []
+        for item in split_batch(value):
+            try:
+                message = jsonrpc.parse_message(item)
+            except jsonrpc.InvalidMessage as exc:
+                self._log.warning("upstream_message_invalid", reason=str(exc), message=clip(json.dumps(item), 500))
+                continue
+            if isinstance(message, jsonrpc.Response):
+                replies.append((message, item))
+            else:
+                self._inbox.handle(message)
+        return replies
