@@ -13,11 +13,9 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,9 +25,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from satgate_mcp.auth.macaroons import mint_token
+from tests.conftest import pid_alive as pid_alive  # re-exported for the restart tests
+from tests.gateway_process import EXIT_TIMEOUT, SERVE, base_env, stdio_upstreams
+from tests.gateway_process import REPO as REPO  # re-exported for the restart tests
+from tests.gateway_process import free_port as free_port  # re-exported for the restart tests
 
-REPO = Path(__file__).resolve().parents[2]
-UPSTREAM_SERVER = REPO / "tests" / "upstream_server.py"
 ROOT_KEY = "deploy-tests-root-key-0123456789abcdef-xyz"
 #: Bound on a gateway's start (its stdio upstream imports the mcp SDK) and on any awaited log event.
 START_TIMEOUT = 20.0
@@ -48,20 +48,13 @@ os.execv(sys.executable, [sys.executable, "-m", "satgate_mcp", "serve"])
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def gateway_env(port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SATGATE_", "LISTEN_", "NOTIFY_SOCKET"))}
-    upstreams = {"up": {"transport": "stdio", "command": [sys.executable, str(UPSTREAM_SERVER), "stdio"]}}
+    env = base_env()
     env.update(
         SATGATE_PORT=str(port),
         SATGATE_AUTH_MODE="header",
         SATGATE_ROOT_KEY=ROOT_KEY,
-        SATGATE_UPSTREAMS=json.dumps(upstreams),
+        SATGATE_UPSTREAMS=stdio_upstreams("up"),
         SATGATE_LOG_FORMAT="json",
         SATGATE_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
@@ -160,7 +153,7 @@ class Gateways:
         """``wrapper`` (e.g. systemd-socket-activate) runs in front of the gateway and execs it."""
         fds: tuple[int, ...] = ()
         if pass_fd is None:
-            argv = [*(wrapper or []), sys.executable, "-m", "satgate_mcp", "serve"]
+            argv = [*(wrapper or []), *SERVE]
         else:
             argv = [sys.executable, "-c", _SYSTEMD_EXEC]
             env = {**env, "HARNESS_LISTEN_FD": str(pass_fd)}
@@ -178,19 +171,11 @@ class Gateways:
         for gateway in self.started:
             gateway.kill_everything()
             with contextlib.suppress(ProcessLookupError):
-                await asyncio.wait_for(gateway.proc.wait(), 5)
+                await asyncio.wait_for(gateway.proc.wait(), EXIT_TIMEOUT)
             if gateway.reader is not None:
                 gateway.reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await gateway.reader
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass

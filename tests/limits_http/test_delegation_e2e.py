@@ -10,39 +10,27 @@ a second SDK session spends the child's credits until ``Budget exhausted``; the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.resume.test_resume_e2e import base_env, child_pids, free_port
+from tests.gateway_process import GatewayProcess, call_text, sdk_session
 
-REPO = Path(__file__).resolve().parents[2]
-UPSTREAM_SERVER = REPO / "tests" / "upstream_server.py"
 ROOT_KEY = "e2e-delegation-root-key-0123456789abcdef"
 TOOL_COSTS = {"echo": 1, "add": 1}
 PARENT_ID = "parent-1"
 PARENT_BUDGET = 10
 CHILD_BUDGET = 4
 CHILD_TTL = 600
-#: Bounds: a gateway start (its upstream child imports the mcp SDK), one MCP call, a CLI run, an exit.
-START_TIMEOUT = 20.0
+#: Bound on one MCP call.
 CALL_TIMEOUT = 10.0
-CLI_TIMEOUT = 20.0
-EXIT_TIMEOUT = 5.0
 POLL_INTERVAL = 0.05
 #: The daemon's file revocation store stats the file at most every 0.25 s; allow generous slack.
 REVOCATION_SEEN_WITHIN = 5.0
@@ -89,11 +77,7 @@ async def budget(session: ClientSession) -> BudgetResult:
 
 
 async def echo(session: ClientSession, text: str) -> str:
-    result = await asyncio.wait_for(session.call_tool("echo", {"text": text}), CALL_TIMEOUT)
-    assert not result.is_error, result
-    [content] = result.content
-    assert isinstance(content, types.TextContent)
-    return content.text
+    return await call_text(session, "echo", {"text": text}, timeout=CALL_TIMEOUT)
 
 
 async def refusal(session: ClientSession, tool: str, arguments: dict[str, Any]) -> MCPError:
@@ -105,93 +89,13 @@ async def refusal(session: ClientSession, tool: str, arguments: dict[str, Any]) 
 # --- the processes ----------------------------------------------------------------------------------
 
 
-class Deployment:
-    """One gateway process in its own process group, and the environment the token commands share with it."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.events_file = workdir / "events.jsonl"
-        self.log_file = workdir / "serve.log"
-        self.env = {**base_env(), "SATGATE_ROOT_KEY": ROOT_KEY,
-                    "SATGATE_REVOCATION_FILE": str(workdir / "revoked.txt")}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        upstreams = {"t": {"transport": "stdio", "command": [sys.executable, str(UPSTREAM_SERVER), "stdio"]}}
-        env = {**self.env, "SATGATE_HOST": "127.0.0.1", "SATGATE_PORT": str(self.port),
-               "SATGATE_AUTH_MODE": "header", "SATGATE_ENFORCEMENT": "control",
-               "SATGATE_TOOL_COSTS": json.dumps(TOOL_COSTS), "SATGATE_UPSTREAMS": json.dumps(upstreams),
-               "SATGATE_EVENTS_FILE": str(self.events_file), "SATGATE_LOG_FORMAT": "json",
-               "SATGATE_DRAIN_SECONDS": "1"}
-        with self.log_file.open("wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "satgate_mcp", "serve"], cwd=REPO, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        children = child_pids(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(EXIT_TIMEOUT)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-    async def wait_ready(self) -> None:
-        """Bounded poll of /readyz: a process that is not listening yet has nothing to await."""
-        assert self.proc is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_TIMEOUT
-        async with httpx2.AsyncClient(trust_env=False, timeout=2.0) as http:
-            while True:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log_tail()}")
-                with contextlib.suppress(httpx2.TransportError):
-                    if (await http.get(f"{self.url}/readyz")).status_code == 200:
-                        return
-                if loop.time() >= deadline:
-                    raise AssertionError(f"gateway not ready within {START_TIMEOUT}s:\n{self.log_tail()}")
-                await asyncio.sleep(POLL_INTERVAL)
-
-    async def cli(self, *args: str) -> str:
-        """``satgate-mcp <args>`` as an operator runs it, off the event loop so the SDK sessions stay live."""
-        done = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "satgate_mcp", *args], cwd=REPO, env=self.env,
-            capture_output=True, text=True, timeout=CLI_TIMEOUT)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.events_file.read_text().splitlines() if line.strip()]
-
-
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    gateway = Deployment(tmp_path)
+def deployment(tmp_path: Path) -> Iterator[GatewayProcess]:
+    """One gateway with ``control`` enforcement and tool costs; the token commands share its revocation file."""
+    gateway = GatewayProcess(tmp_path, root_key=ROOT_KEY, revocation_file=tmp_path / "revoked.txt",
+                             settings={"SATGATE_ENFORCEMENT": "control", "SATGATE_TOOL_COSTS": json.dumps(TOOL_COSTS)})
     yield gateway
-    gateway.stop()
-
-
-@contextlib.asynccontextmanager
-async def sdk_session(url: str, token: str) -> AsyncIterator[ClientSession]:
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
-                              timeout=httpx2.Timeout(CALL_TIMEOUT))
-    async with (http, streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
-                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT) as session):
-        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
-        yield session
+    gateway.terminate()
 
 
 async def refused_once_revoked(session: ClientSession) -> MCPError:
@@ -212,13 +116,14 @@ async def refused_once_revoked(session: ClientSession) -> MCPError:
 
 
 async def test_a_child_token_spends_credits_moved_from_its_parent_and_is_revoked_with_it(
-        deployment: Deployment) -> None:
+        deployment: GatewayProcess) -> None:
     deployment.start()
-    parent_token, _ = await asyncio.gather(
+    minted, _ = await asyncio.gather(
         deployment.cli("token", "mint", "--id", PARENT_ID, "--budget-limit", str(PARENT_BUDGET)),
         deployment.wait_ready())
+    parent_token = minted.strip()
 
-    async with sdk_session(deployment.url, parent_token) as parent:
+    async with sdk_session(deployment.url, parent_token, timeout=CALL_TIMEOUT) as parent:
         assert await echo(parent, "parent before") == "parent before"
         child = await delegate(parent, budget=CHILD_BUDGET, tools=["echo"], label="e2e child", ttl=CHILD_TTL)
 
@@ -233,7 +138,7 @@ async def test_a_child_token_spends_credits_moved_from_its_parent_and_is_revoked
         assert (inspected["token_id"], inspected["parent_id"]) == (child.token_id, PARENT_ID)
         assert inspected["restrictions"]["budget_limit"] == CHILD_BUDGET
 
-        async with sdk_session(deployment.url, child.token) as kid:
+        async with sdk_session(deployment.url, child.token, timeout=CALL_TIMEOUT) as kid:
             assert [t.name for t in (await kid.list_tools()).tools] == ["echo"]
             for n in range(CHILD_BUDGET):
                 assert await echo(kid, f"child {n}") == f"child {n}"
@@ -251,7 +156,7 @@ async def test_a_child_token_spends_credits_moved_from_its_parent_and_is_revoked
             parent_status = await budget(parent)
             assert (parent_status.budget_id, parent_status.remaining) == (PARENT_ID, 6 - 2)
 
-            assert await deployment.cli("token", "revoke", PARENT_ID) == f"revoked {PARENT_ID}"
+            assert (await deployment.cli("token", "revoke", PARENT_ID)).strip() == f"revoked {PARENT_ID}"
             kid_refused = await refused_once_revoked(kid)
             assert kid_refused.data["error"] == "token_revoked"
             assert (await refused_once_revoked(parent)).data["error"] == "token_revoked"
