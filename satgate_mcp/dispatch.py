@@ -36,6 +36,8 @@ class Pool(Protocol):
     def readiness(self) -> dict[str, bool]: ...
     def capabilities(self) -> JsonObj: ...
     def tools(self) -> list[JsonObj]: ...
+    @property
+    def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj: ...
@@ -82,6 +84,10 @@ class Dispatcher:
         self._publisher = publisher
         self._metrics = metrics
         self._clock = clock
+
+    @property
+    def tools_version(self) -> int:
+        return self._pool.tools_version
 
     def initialize_result(self, protocol_version: str) -> JsonObj:
         return {

@@ -80,6 +80,8 @@ class Session:
     created_at: float
     last_seen: float
     resumed: bool = False
+    #: The pool's tools_version when this client last saw the tool list; older means it should re-list.
+    tools_seen: int = 0
     #: Free-form per-session state the transport may keep (e.g. client info); never needed to rebuild.
     client_info: dict[str, object] = field(default_factory=dict)
 

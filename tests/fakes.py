@@ -26,6 +26,7 @@ class FakePool:
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
+        self.tools_version = 0
 
     def readiness(self) -> dict[str, bool]:
         return {"fake": True}

@@ -69,6 +69,7 @@ class LegacySseTransport:
             session = self._registry.open(auth.token, auth.identity, LEGACY_VERSION)
         except RegistryFull as full:
             return refusal_answer(rules.session_cap_reached(full.retry_after))
+        session.tools_seen = self._dispatcher.tools_version
         request[SESSION_ID] = session.id
         state = _Stream(session)
         self._streams[session.id] = state
@@ -130,12 +131,18 @@ class LegacySseTransport:
         return web.Response(status=202, text="Accepted")
 
     async def _answer(self, state: _Stream, message: jsonrpc.Request) -> None:
+        for note in self._mcp.pending_notifications(state.session, message):
+            self._enqueue(state, note)
         if message.method == "initialize":
             reply = jsonrpc.result_response(message.id, self._dispatcher.initialize_result(LEGACY_VERSION))
         else:
             reply = await self._mcp.run(state.session, message, None)
+        self._enqueue(state, reply)
+
+    @staticmethod
+    def _enqueue(state: _Stream, message: JsonObj) -> None:
         if state.queue.qsize() < MAX_QUEUED:
-            state.queue.put_nowait(reply)
+            state.queue.put_nowait(message)
         elif not state.queue.full():
             log.warning("sse_reader_too_slow", session_id=state.session.id)
             state.queue.put_nowait(None)

@@ -126,6 +126,7 @@ class StreamableHttpTransport:
             self._metrics.refusals.labels(reason=f"resume_{outcome}").inc()
             return rules.SESSION_NOT_FOUND
         if outcome.created:
+            outcome.session.tools_seen = self._dispatcher.tools_version
             self._metrics.sessions_resumed.inc()
         return outcome.session
 
@@ -218,7 +219,8 @@ class StreamableHttpTransport:
             replies = await asyncio.gather(*(self.run(session, r, None) for r in requests))
             return json_answer(replies, headers=headers)
         single = requests[0]
-        if _progress_token(single) is not None and rules.accepts(request.headers.get("Accept"), "text/event-stream"):
+        if rules.accepts(request.headers.get("Accept"), "text/event-stream") and (
+                _progress_token(single) is not None or self.tools_changed_for(session, single)):
             return await self._stream(request, session, single, headers)
         return json_answer(await self.run(session, single, None), headers=headers)
 
@@ -253,6 +255,7 @@ class StreamableHttpTransport:
         client_info = params.get("clientInfo")
         if isinstance(client_info, dict):
             session.client_info = {k: v for k, v in client_info.items() if k in ("name", "version")}
+        session.tools_seen = self._dispatcher.tools_version
         self._metrics.sessions_opened.inc()
         request[SESSION_ID] = session.id
         body = jsonrpc.result_response(init.id, self._dispatcher.initialize_result(version))
@@ -266,9 +269,22 @@ class StreamableHttpTransport:
                 if task is not None:
                     task.cancel()
 
+    def tools_changed_for(self, session: Session, request: jsonrpc.Request) -> bool:
+        """The union of tools changed since this client last listed it (and it is not listing it now)."""
+        return request.method != "tools/list" and session.tools_seen < self._dispatcher.tools_version
+
+    def pending_notifications(self, session: Session, request: jsonrpc.Request) -> list[JsonObj]:
+        """Notifications to deliver ahead of this request's answer; there is no GET stream to carry them."""
+        if not self.tools_changed_for(session, request):
+            return []
+        session.tools_seen = self._dispatcher.tools_version
+        return [jsonrpc.notification_message("notifications/tools/list_changed")]
+
     async def run(self, session: Session, request: jsonrpc.Request,
                    on_progress: Callable[[JsonObj], Awaitable[None]] | None) -> JsonObj:
         """Run one request as its own task so a client's notifications/cancelled can stop it."""
+        if request.method == "tools/list":
+            session.tools_seen = self._dispatcher.tools_version
         key = (session.id, request.id)
         task = asyncio.ensure_future(self._dispatcher.handle(
             request, identity=session.identity, session_id=session.id, on_progress=on_progress))
@@ -292,6 +308,8 @@ class StreamableHttpTransport:
         response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache, no-transform"})
         await response.prepare(request)
+        for note in self.pending_notifications(session, call):
+            await response.write(sse_event(note))
 
         async def on_progress(params: JsonObj) -> None:
             # The client may have left; the call itself still completes and is settled.

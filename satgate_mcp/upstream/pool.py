@@ -176,6 +176,7 @@ class UpstreamPool:
         self._locks = {name: asyncio.Lock() for name in upstreams}
         self._stale: dict[str, set[str]] = {name: set() for name in upstreams}
         self._index = ToolIndex([], {}, [])
+        self._tools_version = 0
         self._prompt_owner: dict[str, str] = {}
         self._resource_owner: dict[str, str] = {}
         self._listeners: list[NotificationListener] = []
@@ -241,6 +242,11 @@ class UpstreamPool:
 
     def tools(self) -> list[JsonObj]:
         return [dict(tool) for tool in self._index.tools]
+
+    @property
+    def tools_version(self) -> int:
+        """Goes up whenever the union of tools changes, so sessions can tell they saw an older list."""
+        return self._tools_version
 
     def owner_of_tool(self, name: str) -> str | None:
         owner = self._index.owners.get(name)
@@ -413,7 +419,10 @@ class UpstreamPool:
     def _rebuild(self) -> list[ToolClash]:
         previous = {exposed: owner[0] for exposed, owner in self._index.owners.items()}
         tools = {n: c.tools for n, c in self._catalogs.items()}
+        before = self._index.tools
         self._index = merge_tools(self._order, tools, self._prefixes, previous)
+        if self._index.tools != before:
+            self._tools_version += 1
         self._prompt_owner = first_owner(self._order, {n: c.prompts for n, c in self._catalogs.items()}, "name")
         self._resource_owner = first_owner(self._order, {n: c.resources for n, c in self._catalogs.items()}, "uri")
         return self._index.clashes

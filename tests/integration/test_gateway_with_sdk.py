@@ -496,3 +496,28 @@ async def test_a_tool_name_clash_stops_start_unless_one_upstream_has_a_prefix(we
         assert await agent.text("web_echo", text="one") == "one"
         assert await agent.text("two_web_echo", text="two") == "two"
 
+
+
+async def test_an_upstream_tool_list_change_reaches_the_client_ahead_of_its_next_answer(gateway: Gateway) -> None:
+    changed = asyncio.Event()
+
+    async def on_message(message: types.ServerNotification | Exception) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    try:
+        async with (http, streamable_http_client(f"{gateway.url}/mcp", http_client=http) as (read, write),
+                    ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, message_handler=on_message)
+                    as session):
+            await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+            await asyncio.wait_for(session.call_tool("add_tool", {"name": "fresh_tool"}), CALL_TIMEOUT)
+            # The gateway re-lists alpha in the background; the first answer after that carries the notice.
+            async with asyncio.timeout(SETTLE_TIMEOUT):
+                while not changed.is_set():
+                    await session.call_tool("echo", {"text": "still here"})
+            listed = await asyncio.wait_for(session.list_tools(), CALL_TIMEOUT)
+            assert "fresh_tool" in [tool.name for tool in listed.tools]
+    except BaseExceptionGroup as group:
+        raise sole(group) from None

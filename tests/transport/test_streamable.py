@@ -621,6 +621,27 @@ async def test_without_sse_accept_or_token_the_answer_is_one_json_object(
     assert body["result"]["isError"] is False
 
 
+async def test_a_changed_tool_list_is_announced_once_ahead_of_the_next_sse_answer(gw: Gateway, session: str) -> None:
+    gw.pool.tools_version += 1
+    resp = await gw.post(call_tool(23, "echo"), session=session)
+    assert resp.content_type == "text/event-stream"
+    notice, reply = sse_messages(await resp.text())
+    assert notice == jsonrpc.notification_message("notifications/tools/list_changed")
+    assert reply["id"] == 23
+    again = await gw.post(call_tool(24, "echo"), session=session)
+    assert again.content_type == "application/json"  # told once
+
+
+async def test_a_client_without_sse_keeps_json_and_listing_tools_clears_the_notice(gw: Gateway, session: str) -> None:
+    gw.pool.tools_version += 1
+    resp = await gw.post(call_tool(25, "echo"), session=session, headers={"Accept": "application/json"})
+    assert resp.content_type == "application/json"
+    listed = await gw.post(jsonrpc.request_message(26, "tools/list"), session=session)
+    assert listed.content_type == "application/json"
+    after = await gw.post(call_tool(27, "echo"), session=session)
+    assert after.content_type == "application/json"
+
+
 async def test_client_cancellation_stops_the_call_in_flight(gw: Gateway, session: str) -> None:
     call = asyncio.create_task(gw.post(call_tool(31, "block"), session=session))
     await asyncio.wait_for(gw.pool.started.wait(), WAIT)

@@ -134,9 +134,11 @@ async def test_list_changed_refreshes_the_union_and_a_late_clash_keeps_the_first
     pool = await start_pool({"one": stdio("--name", "one"), "two": stdio("--name", "two", "--prefix", "b_")},
                             changes)
 
+    version = pool.tools_version
     await call_tool(pool, "b_add_tool", name="brand_new")
     await changes.wait_for("two", "notifications/tools/list_changed", 2)
     assert pool.owner_of_tool("brand_new") == "two"
+    assert pool.tools_version == version + 1  # sessions that listed before now get told
 
     with structlog.testing.capture_logs() as logs:
         await call_tool(pool, "b_add_tool", name="echo")  # now both advertise "echo"
@@ -205,12 +207,14 @@ async def test_a_crashed_upstream_is_relisted_after_its_restart(start_pool: Star
     changes = Changes()
     pool = await start_pool({"one": stdio("--name", "one")}, changes)
     await changes.wait_for("one", "notifications/tools/list_changed", 1)
+    version = pool.tools_version
 
     with pytest.raises(UpstreamUnavailable, match="went away"):
         await call_tool(pool, "crash")
     await changes.wait_for("one", "notifications/tools/list_changed", 2)
 
     assert pool.all_ready
+    assert pool.tools_version == version  # the same tools came back: nobody is told to re-list
     assert "echo" in names(pool)
     assert text_of(await call_tool(pool, "whoami")) == "one"
 
