@@ -86,8 +86,25 @@ def check_origin(origin: str | None, allowed_origins: Sequence[str]) -> Refusal 
     return Refusal(403, "origin_not_allowed", f"Origin {origin!r} is not allowed (set SATGATE_ALLOWED_ORIGINS)")
 
 
+def _quality(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return 1.0
+    return 1.0
+
+
 def _media_types(header: str | None) -> list[str]:
-    return [part.split(";", 1)[0].strip().lower() for part in (header or "").split(",") if part.strip()]
+    """The media types listed, without those the client marked unacceptable with ``q=0``."""
+    kinds = []
+    for part in (header or "").split(","):
+        kind, *params = part.split(";")
+        if kind.strip() and _quality(params) > 0:
+            kinds.append(kind.strip().lower())
+    return kinds
 
 
 def accepts(header: str | None, media_type: str) -> bool:

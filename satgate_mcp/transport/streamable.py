@@ -62,7 +62,8 @@ class StreamableHttpTransport:
         self._dispatcher = dispatcher
         self._publisher = publisher
         self._metrics = metrics
-        self._inflight: dict[InflightKey, asyncio.Task[JsonObj]] = {}
+        #: Calls in flight by (session, JSON-RPC id); a set, since a careless client may reuse an id concurrently.
+        self._inflight: dict[InflightKey, set[asyncio.Task[JsonObj]]] = {}
 
     @property
     def resumes_sessions(self) -> bool:
@@ -155,9 +156,10 @@ class StreamableHttpTransport:
         if isinstance(found, Refusal):
             return refusal_answer(found)
         self._registry.delete(session_id)
-        for key, task in list(self._inflight.items()):
+        for key, tasks in list(self._inflight.items()):
             if key[0] == session_id:
-                task.cancel()
+                for task in tasks:
+                    task.cancel()
         return web.Response(status=200, headers={SESSION_HEADER: session_id})
 
     async def post(self, request: web.Request) -> web.StreamResponse:
@@ -265,8 +267,7 @@ class StreamableHttpTransport:
         if note.method == "notifications/cancelled":
             request_id = (note.params or {}).get("requestId")
             if isinstance(request_id, str | int) and not isinstance(request_id, bool):
-                task = self._inflight.get((session.id, request_id))
-                if task is not None:
+                for task in self._inflight.get((session.id, request_id), ()):
                     task.cancel()
 
     def tools_changed_for(self, session: Session, request: jsonrpc.Request) -> bool:
@@ -288,15 +289,18 @@ class StreamableHttpTransport:
         key = (session.id, request.id)
         task = asyncio.ensure_future(self._dispatcher.handle(
             request, identity=session.identity, session_id=session.id, on_progress=on_progress))
-        self._inflight[key] = task
+        self._inflight.setdefault(key, set()).add(task)
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:
             task.cancel()
             raise
         finally:
-            if self._inflight.get(key) is task:
-                del self._inflight[key]
+            tasks = self._inflight.get(key)
+            if tasks is not None:
+                tasks.discard(task)
+                if not tasks:
+                    del self._inflight[key]
         if task.cancelled():
             return jsonrpc.error_response(request.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled",
                                           {"error": "cancelled"})

@@ -90,6 +90,8 @@ def test_origin(origin: str | None, allowed: list[str], refused: bool) -> None:
         pytest.param("text/event-stream", True, id="sse-only"),
         pytest.param("text/html", True, id="html"),
         pytest.param("", True, id="empty"),
+        pytest.param("application/json;q=0, text/event-stream", True, id="json-marked-unacceptable"),
+        pytest.param("*/*;q=0", True, id="nothing-acceptable"),
     ],
 )
 def test_accept(accept: str | None, refused: bool) -> None:

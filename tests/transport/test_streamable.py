@@ -621,6 +621,19 @@ async def test_without_sse_accept_or_token_the_answer_is_one_json_object(
     assert body["result"]["isError"] is False
 
 
+async def test_a_cancel_reaches_every_call_sharing_a_reused_id(gw: Gateway, session: str) -> None:
+    first = asyncio.create_task(gw.post(call_tool(41, "block"), session=session))
+    await asyncio.wait_for(gw.pool.started.wait(), WAIT)
+    gw.pool.started.clear()
+    second = asyncio.create_task(gw.post(call_tool(41, "block"), session=session))
+    await asyncio.wait_for(gw.pool.started.wait(), WAIT)
+    cancel = jsonrpc.notification_message("notifications/cancelled", {"requestId": 41})
+    assert (await gw.post(cancel, session=session)).status == 202
+    for call in (first, second):
+        body = await (await asyncio.wait_for(call, WAIT)).json()
+        assert body["error"]["data"]["error"] == "cancelled"
+
+
 async def test_a_changed_tool_list_is_announced_once_ahead_of_the_next_sse_answer(gw: Gateway, session: str) -> None:
     gw.pool.tools_version += 1
     resp = await gw.post(call_tool(23, "echo"), session=session)
