@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from satgate_mcp import events
@@ -82,8 +82,6 @@ class Session:
     resumed: bool = False
     #: The pool's tools_version when this client last saw the tool list; older means it should re-list.
     tools_seen: int = 0
-    #: Free-form per-session state the transport may keep (e.g. client info); never needed to rebuild.
-    client_info: dict[str, object] = field(default_factory=dict)
 
     def answers_to(self, token: str) -> bool:
         return hmac.compare_digest(self.token_hash, token_hash(token))

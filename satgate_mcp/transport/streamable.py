@@ -254,9 +254,6 @@ class StreamableHttpTransport:
         except RegistryFull as full:
             self._metrics.refusals.labels(reason="session_cap_reached").inc()
             return refusal_answer(rules.session_cap_reached(full.retry_after), init.id)
-        client_info = params.get("clientInfo")
-        if isinstance(client_info, dict):
-            session.client_info = {k: v for k, v in client_info.items() if k in ("name", "version")}
         session.tools_seen = self._dispatcher.tools_version
         self._metrics.sessions_opened.inc()
         request[SESSION_ID] = session.id
