@@ -79,12 +79,21 @@ class Settings(BaseSettings):
     session_cap: int = Field(default=10000, ge=1)
     session_idle_ttl: float = Field(default=1800.0, gt=0)
     sweep_interval: float = Field(default=30.0, gt=0)
+    #: Live sessions and DELETE tombstones one token id may hold on a process (issue 9, hole 4).
+    sessions_per_token: int = Field(default=100, ge=1)
+    #: Requests in flight at once, per token id and per process; past either: -32004, never a queue.
+    max_inflight_per_token: int = Field(default=64, ge=1)
+    max_inflight: int = Field(default=1024, ge=1)
 
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     revocation_file: Path | None = None
+    #: Bearer required on /metrics when set.
+    metrics_token: SecretStr | None = None
+    #: ``none`` auth on a non-loopback address refuses to start without this.
+    allow_unauthenticated: bool = False
     oauth_resource_metadata_url: str | None = None
     oauth_authorization_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
@@ -98,6 +107,8 @@ class Settings(BaseSettings):
 
     events_file: Path | None = None
     reuse_port: bool = True
+    #: This start may take over a port another process already listens on (``serve --handover``).
+    handover: bool = False
     drain_seconds: float = Field(default=25.0, ge=0)
     redis_url: str | None = None
 
