@@ -6,13 +6,13 @@ token ids, budget ids and session ids only.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import orjson
 import structlog
 
 SESSION_CONNECT: Final = "session_connect"
@@ -46,12 +46,13 @@ class JsonlFilePublisher:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()
-        self._fh = path.open("a", encoding="utf-8")
+        self._fh = path.open("ab")
 
     def publish(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, "ts": time.time(), **fields}, default=str, separators=(",", ":"))
+        line = orjson.dumps({"event": event, "ts": time.time(), **fields}, default=str,
+                            option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
         with self._lock:
-            self._fh.write(line + "\n")
+            self._fh.write(line)
             self._fh.flush()
 
     def close(self) -> None:

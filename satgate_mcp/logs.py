@@ -1,13 +1,21 @@
-"""structlog configuration: JSON lines off a TTY, readable console on one, secrets never written."""
+"""structlog configuration: JSON lines off a TTY, readable console on one, secrets never written.
+
+The hot path (one ``http_request`` line and a few events per call) never touches stdlib
+``logging``: structlog's own level-filtering logger renders with orjson straight to bytes on
+stdout. Only foreign libraries (aiohttp's server errors, asyncio) go through stdlib ``logging``,
+with the same processors, so every line on stdout has one shape.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
-from typing import Any
+import time
+from collections.abc import Mapping
+from typing import IO, Any
 
+import orjson
 import structlog
 from structlog.types import EventDict, Processor
 
@@ -17,6 +25,9 @@ REDACTED = "[redacted]"
 _SECRET_KEYS = frozenset({"authorization", "token", "bearer", "root_key", "static_token", "password", "secret",
                           "headers", "cookie"})
 _BEARER_RE = re.compile(r"(?i)bearer\s+[^\s\"',]+")
+#: Keys seen so far and whether they are secret; log keys are a small fixed set, so this stays tiny.
+_KEY_VERDICTS: dict[str, bool] = {}
+_MAX_KEY_VERDICTS = 4096
 
 
 def is_secret_key(key: object) -> bool:
@@ -29,11 +40,23 @@ def is_secret_key(key: object) -> bool:
     return name.endswith("token") or "key" in name or "secret" in name or "password" in name
 
 
+def _secret_key(key: str) -> bool:
+    verdict = _KEY_VERDICTS.get(key)
+    if verdict is None:
+        verdict = is_secret_key(key)
+        if len(_KEY_VERDICTS) < _MAX_KEY_VERDICTS:
+            _KEY_VERDICTS[key] = verdict
+    return verdict
+
+
 def _scrub(value: Any) -> Any:
-    if isinstance(value, str):
-        return _BEARER_RE.sub("Bearer " + REDACTED, value)
-    if isinstance(value, MutableMapping):
-        return {k: (REDACTED if is_secret_key(k) else _scrub(v)) for k, v in value.items()}
+    kind = type(value)
+    if kind is str or isinstance(value, str):
+        return _BEARER_RE.sub("Bearer " + REDACTED, value) if _BEARER_RE.search(value) is not None else value
+    if kind in (int, float, bool) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {k: (REDACTED if _secret_key(str(k)) else _scrub(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_scrub(v) for v in value]
     return value
@@ -41,42 +64,103 @@ def _scrub(value: Any) -> Any:
 
 def redact_secrets(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
     """Drop values under secret-looking keys and any ``Bearer <token>`` text anywhere in the event."""
-    for key in list(event_dict):
-        if is_secret_key(key):
+    for key, value in event_dict.items():
+        if _secret_key(key):
             event_dict[key] = REDACTED
         else:
-            event_dict[key] = _scrub(event_dict[key])
+            scrubbed = _scrub(value)
+            if scrubbed is not value:
+                event_dict[key] = scrubbed
+    return event_dict
+
+
+class UtcTimestamper:
+    """ISO 8601 UTC with microseconds, like ``TimeStamper(fmt="iso", utc=True)``, formatting the
+    date and time of day once per second instead of once per line."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, _logger: Any, _name: str, event_dict: EventDict) -> EventDict:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        event_dict["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
+        return event_dict
+
+
+def add_logger_name(logger: Any, _name: str, event_dict: EventDict) -> EventDict:
+    """The name given to ``structlog.get_logger(name)``, or a foreign stdlib record's logger name."""
+    record = event_dict.get("_record")
+    name = record.name if record is not None else getattr(logger, "name", None)
+    if name:
+        event_dict["logger"] = name
     return event_dict
 
 
 def shared_processors() -> list[Processor]:
     return [
         structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.add_log_level,
+        add_logger_name,
+        UtcTimestamper(),
         redact_secrets,
     ]
 
 
+def _orjson_default(value: Any) -> str:
+    return str(value)
+
+
+def _render_json(_logger: Any, _name: str, event_dict: EventDict) -> bytes:
+    return orjson.dumps(event_dict, default=_orjson_default, option=orjson.OPT_NON_STR_KEYS)
+
+
+class _NamedWriteLogger(structlog.WriteLogger):
+    """A text logger (console format) that remembers the name it was asked for."""
+
+    def __init__(self, file: IO[str], name: str | None) -> None:
+        super().__init__(file)  # type: ignore[arg-type]
+        self.name = name
+
+
 def configure_logging(settings: Settings) -> None:
-    """Route structlog and stdlib logging (aiohttp's too) through one renderer on stdout."""
-    level = settings.log_level
+    """structlog renders natively to stdout; stdlib logging (aiohttp's too) goes through one formatter."""
+    level = logging.getLevelNamesMapping()[settings.log_level]
     use_json = (settings.log_format or ("console" if sys.stdout.isatty() else "json")) == "json"
-    renderer: Processor = (structlog.processors.JSONRenderer() if use_json
-                           else structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty()))
+    stream = sys.stdout
+    tail: list[Processor] = [structlog.processors.format_exc_info]
+    if use_json:
+        binary = stream.buffer
+
+        def logger_factory(*args: Any) -> Any:
+            return structlog.BytesLogger(binary, name=args[0] if args else None)
+
+        tail.append(_render_json)
+        foreign_renderer: Processor = structlog.processors.JSONRenderer()
+    else:
+        def logger_factory(*args: Any) -> Any:
+            return _NamedWriteLogger(stream, args[0] if args else None)
+
+        foreign_renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        tail.append(foreign_renderer)
     structlog.configure(
-        processors=[*shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[*shared_processors(), *tail],
+        logger_factory=logger_factory,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared_processors(),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, renderer],
+                    structlog.processors.format_exc_info, foreign_renderer],
     )
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
