@@ -90,7 +90,7 @@ async def test_attack_a_message_flood_gets_rate_limited_replies_and_no_pile_of_t
             resp = await client.post(endpoint, json={"jsonrpc": "2.0", "id": n, "method": "tools/call",
                                                      "params": {"name": "block", "arguments": {}}})
             assert resp.status == 202
-        refused = []
+        refused: list[dict[str, Any]] = []
         while len(refused) < 47:
             event = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)).decode()
             if event.startswith("event: message"):
@@ -100,7 +100,7 @@ async def test_attack_a_message_flood_gets_rate_limited_replies_and_no_pile_of_t
         assert len(pool.calls) == 3
         assert app[INFLIGHT].in_flight == 3
         pool.release.set()
-        answered = []
+        answered: list[dict[str, Any]] = []
         while len(answered) < 3:
             event = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)).decode()
             if event.startswith("event: message"):
