@@ -829,6 +829,56 @@ async def test_metrics_in_prometheus_text_format(gw: Gateway, session: str) -> N
     assert "satgate_active_sessions 1.0" in text
 
 
+@pytest.mark.parametrize("path", ["/readyz", "/metrics"])
+@pytest.mark.parametrize(
+    ("headers", "status", "error"),
+    [
+        pytest.param({"Host": "attacker.example"}, 421, "host_not_allowed", id="rebound-host"),
+        pytest.param({"Origin": "http://attacker.example"}, 403, "origin_not_allowed", id="foreign-origin"),
+    ],
+)
+async def test_attack_dns_rebinding_reads_neither_readyz_nor_metrics(
+        gw: Gateway, path: str, headers: dict[str, str], status: int, error: str) -> None:
+    await assert_refusal(await gw.client.get(path, headers=headers), status, error)
+
+
+async def test_readyz_and_metrics_accept_a_listed_host(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(allowed_hosts=["gw.example"])
+    for path in ("/readyz", "/metrics"):
+        assert (await gw.client.get(path, headers={"Host": "gw.example"})).status == 200
+
+
+async def test_healthz_stays_open_for_liveness_probes(gw: Gateway) -> None:
+    """It says only "ok"; a probe may use any Host, so no rule can refuse it."""
+    resp = await gw.client.get("/healthz", headers={"Host": "10.0.0.7:9100"})
+    assert resp.status == 200
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        pytest.param(None, 401, id="missing"),
+        pytest.param("Bearer wrong", 401, id="wrong-token"),
+        pytest.param("Basic c2NyYXBlLXNlY3JldA==", 401, id="other-scheme"),
+        pytest.param("Bearer scrape-secret-extra", 401, id="longer-token"),
+        pytest.param("Bearer scrape-secret", 200, id="right-token"),
+        pytest.param("bearer scrape-secret", 200, id="scheme-is-case-insensitive"),
+    ],
+)
+async def test_metrics_token_is_required_when_set(gateway_factory: GatewayFactory, authorization: str | None,
+                                                  status: int) -> None:
+    gw = await gateway_factory(metrics_token="scrape-secret")
+    resp = await gw.client.get("/metrics", headers={"Authorization": authorization} if authorization else {})
+    if status == 200:
+        assert resp.status == 200
+        assert "satgate_requests_total" in await resp.text()
+    else:
+        body = await assert_refusal(resp, 401, "unauthorized")
+        assert "SATGATE_METRICS_TOKEN" in body["error"]["message"]
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert (await gw.client.get("/readyz")).status == 200  # the token guards /metrics only
+
+
 # --- requests in flight (issue 9, hole 11) --------------------------------------------------------------
 
 
