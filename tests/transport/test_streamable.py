@@ -30,6 +30,7 @@ from satgate_mcp.auth.base import (
     StaticTokenAuthenticator,
     bearer_from_header,
 )
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.jsonrpc import JsonObj, RequestId
@@ -877,6 +878,23 @@ async def test_metrics_token_is_required_when_set(gateway_factory: GatewayFactor
         assert "SATGATE_METRICS_TOKEN" in body["error"]["message"]
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert (await gw.client.get("/readyz")).status == 200  # the token guards /metrics only
+
+
+class DownPool(FakePool):
+    """An upstream that cannot be reached; like several raisers, it says nothing more than that."""
+
+    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                   ) -> JsonObj:
+        raise UpstreamUnavailable("upstream 'fake' is not running")
+
+
+async def test_upstream_unavailable_is_32010_never_mcps_resource_not_found(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(pool=DownPool())
+    session = await gw.initialize()
+    reply = await gw.rpc(session, call_tool(1, "echo"))
+    assert reply["error"]["code"] == -32010
+    assert reply["error"]["code"] != -32002  # MCP: resource not found
+    assert reply["error"]["data"]["error"] == "upstream_unavailable"
 
 
 # --- requests in flight (issue 9, hole 11) --------------------------------------------------------------
