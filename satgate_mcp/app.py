@@ -20,6 +20,7 @@ from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher
 from satgate_mcp.keys import (
     AUTHENTICATOR,
     DISPATCHER,
+    INFLIGHT,
     METRICS,
     POLICY,
     POOL,
@@ -76,7 +77,7 @@ def create_app(
         policy = built_policy
 
     registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
-                               publisher=publisher, clock=clock)
+                               per_token=settings.sessions_per_token, publisher=publisher, clock=clock)
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
@@ -93,6 +94,7 @@ def create_app(
     app[PUBLISHER] = publisher
     app[METRICS] = metrics
     app[DISPATCHER] = dispatcher
+    app[INFLIGHT] = transport.limiter
     app[RESUMES_SESSIONS] = transport.resumes_sessions
 
     transport.add_routes(app)

@@ -23,9 +23,16 @@ class GatewayError(Exception):
 
 
 class UpstreamUnavailable(GatewayError):
-    """The upstream is down or its connection died while the call was in flight."""
+    """The upstream is down or its connection died while the call was in flight.
+
+    Every one carries ``data.error = "upstream_unavailable"`` (-32010), whatever else its raiser adds,
+    so clients can tell it from MCP's -32002 "resource not found".
+    """
 
     code = jsonrpc.UPSTREAM_UNAVAILABLE
+
+    def __init__(self, message: str, data: JsonObj | None = None, *, code: int | None = None) -> None:
+        super().__init__(message, {"error": "upstream_unavailable", **(data or {})}, code=code)
 
 
 class UpstreamTimeout(GatewayError):

@@ -7,6 +7,7 @@ from aiohttp import web
 from satgate_mcp.auth.base import Authenticator
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import Publisher
+from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
@@ -19,6 +20,8 @@ POLICY = web.AppKey("policy", Policy)
 PUBLISHER = web.AppKey("publisher", Publisher)
 METRICS = web.AppKey("metrics", Metrics)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+#: Requests in flight per token id and per process, shared by /mcp and the legacy /message.
+INFLIGHT = web.AppKey("inflight", InflightLimiter)
 #: True when this process serves unknown-but-valid session ids again (header auth mode only).
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
 

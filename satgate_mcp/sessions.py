@@ -12,8 +12,9 @@ import hashlib
 import hmac
 import re
 import secrets
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -53,6 +54,8 @@ class CloseReason(StrEnum):
     IDLE = "idle_timeout"
     DISCONNECTED = "disconnected"
     SHUTDOWN = "shutdown"
+    #: The token opened more sessions than its quota: its least recently used idle one made room.
+    EVICTED = "evicted"
 
 
 class ResumeRefusal(StrEnum):
@@ -60,15 +63,30 @@ class ResumeRefusal(StrEnum):
 
     TAG_MISMATCH = "tag_mismatch"
     DELETED = "deleted"
+    #: This token deleted more sessions than its tombstone quota: its own resumes wait until those expire.
+    TOMBSTONE_QUOTA = "tombstone_quota"
+    #: Last resort, only when ``cap`` distinct tokens are blocked at once: nothing can be recorded any more.
     TOMBSTONES_FULL = "tombstones_full"
 
 
 class RegistryFull(Exception):
     """No room even after sweeping; the caller answers 503 with Retry-After."""
 
+    reason = "session_cap_reached"
+
     def __init__(self, retry_after: int) -> None:
         super().__init__("session cap reached")
         self.retry_after = retry_after
+
+
+class TokenSessionsBusy(RegistryFull):
+    """The token holds its quota of sessions and every one has a request in flight: nothing to evict."""
+
+    reason = "session_quota_reached"
+
+
+#: Retry-After when a token's sessions are all busy: calls end in seconds, not an idle TTL.
+BUSY_RETRY_AFTER = 1
 
 
 @dataclass(slots=True)
@@ -82,6 +100,10 @@ class Session:
     resumed: bool = False
     #: The pool's tools_version when this client last saw the tool list; older means it should re-list.
     tools_seen: int = 0
+    #: Requests (or a legacy SSE stream) running on this session now; a busy session is never evicted.
+    inflight: int = 0
+    #: The verified token id its quotas are counted under, fixed when the registry takes it in.
+    quota_key: str = ""
 
     def answers_to(self, token: str) -> bool:
         return hmac.compare_digest(self.token_hash, token_hash(token))
@@ -93,6 +115,49 @@ class Resumed:
     created: bool
 
 
+# --- decisions: pure functions, table-tested ------------------------------------------------------------
+
+
+class QuotaAction(StrEnum):
+    ADMIT = "admit"
+    EVICT = "evict"
+    BUSY = "busy"
+
+
+def live_quota_action(held: int, quota: int, has_idle: bool) -> QuotaAction:
+    """A token below its quota is admitted; at it, its LRU idle session makes room, else it waits (503)."""
+    if held < quota:
+        return QuotaAction.ADMIT
+    return QuotaAction.EVICT if has_idle else QuotaAction.BUSY
+
+
+def least_recently_used_idle(sessions: Iterable[Session]) -> Session | None:
+    """The eviction victim: no request in flight, oldest ``last_seen``."""
+    return min((s for s in sessions if s.inflight == 0), key=lambda s: s.last_seen, default=None)
+
+
+class TombstoneAction(StrEnum):
+    RECORD = "record"
+    #: Replace the deleting token's tombstones by one block on its own resumes (until now + TTL).
+    BLOCK_OWN = "block_own"
+    #: The map is full: the largest other holder's tombstones become one block on *its* resumes.
+    BLOCK_LARGEST = "block_largest"
+
+
+def tombstone_action(own: int, quota: int, total: int, bound: int, largest_other: int) -> TombstoneAction:
+    """Where a DELETE's tombstone goes, so that one token's deletes only ever cost that token.
+
+    Past its quota a token blocks its own resumes. When the shared map is full, room is taken from
+    whoever holds the most (max-min fairness): a token is only blocked for holding at least as
+    many tombstones as every other token, never because a bigger holder filled the map.
+    """
+    if own >= quota:
+        return TombstoneAction.BLOCK_OWN
+    if total < bound:
+        return TombstoneAction.RECORD
+    return TombstoneAction.BLOCK_LARGEST if largest_other > own else TombstoneAction.BLOCK_OWN
+
+
 class SessionRegistry:
     def __init__(
         self,
@@ -101,15 +166,25 @@ class SessionRegistry:
         idle_ttl: float,
         publisher: Publisher,
         clock: Callable[[], float] = time.monotonic,
+        per_token: int | None = None,
     ) -> None:
         self.cap = cap
         self.idle_ttl = idle_ttl
+        #: Live sessions, and separately tombstones, one token id may hold (None: only the cap limits).
+        self.per_token = per_token if per_token is not None else sys.maxsize
         self._clock = clock
         self._publisher = publisher
         self._sessions: dict[str, Session] = {}
-        #: session id -> time its tombstone expires. Bounded by ``cap``; unexpired entries are never evicted.
-        self._tombstones: dict[str, float] = {}
-        #: A DELETE that found the tombstone map full could not record its id: refuse every resume until then.
+        #: token id -> its live sessions (the per-token quota and its LRU eviction look only here).
+        self._by_token: dict[str, dict[str, Session]] = {}
+        #: session id -> (time its tombstone expires, token id). Bounded by ``cap``; every entry lives
+        #: exactly idle_ttl, so insertion order is expiry order.
+        self._tombstones: dict[str, tuple[float, str]] = {}
+        #: token id -> its tombstones (session id -> expiry), for the per-token tombstone quota.
+        self._tombstones_by_token: dict[str, dict[str, float]] = {}
+        #: token id -> until when its resumes are refused: its deletes could not all be recorded.
+        self._blocked: dict[str, float] = {}
+        #: Only when ``cap`` tokens are blocked at once can nothing be recorded: refuse every resume until then.
         self._resume_blocked_until = 0.0
 
     def __len__(self) -> int:
@@ -119,13 +194,20 @@ class SessionRegistry:
     def tombstone_count(self) -> int:
         return len(self._tombstones)
 
+    def held_by(self, token_id: str) -> int:
+        """Live sessions of one token id on this process."""
+        return len(self._by_token.get(token_id, ()))
+
+    def tombstones_of(self, token_id: str) -> int:
+        return len(self._tombstones_by_token.get(token_id, ()))
+
     def open(self, token: str, identity: Identity, protocol_version: str) -> Session:
-        """A new session for ``initialize``; raises RegistryFull."""
+        """A new session for ``initialize``; raises RegistryFull (TokenSessionsBusy for the token's quota)."""
         now = self._clock()
-        self._make_room(now)
+        self._admit(identity.token_id, now)
         sid = make_session_id(token)
         session = Session(sid, token_hash(token), identity, protocol_version, now, now)
-        self._sessions[sid] = session
+        self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=sid, token_id=identity.token_id,
                                 protocol_version=protocol_version, resumed=False)
         return session
@@ -147,8 +229,9 @@ class SessionRegistry:
     def resume(self, session_id: str, token: str, identity: Identity, protocol_version: str) -> Resumed | ResumeRefusal:
         """Serve an id this process does not hold again, if the token that opened it is presenting it.
 
-        Raises RegistryFull when there is no room. Concurrent callers with the same id get the same
-        session: the first call inserts it, later ones find it.
+        Raises RegistryFull when there is no room (a resume counts toward the token's live quota like
+        an initialize). Concurrent callers with the same id get the same session: the first call
+        inserts it, later ones find it.
         """
         if not session_id_matches_token(session_id, token):
             return ResumeRefusal.TAG_MISMATCH
@@ -161,28 +244,43 @@ class SessionRegistry:
         self._expire_tombstones(now)
         if session_id in self._tombstones:
             return ResumeRefusal.DELETED
-        if now < self._resume_blocked_until or len(self._tombstones) >= self.cap:
+        if self._blocked.get(identity.token_id, 0.0) > now:
+            return ResumeRefusal.TOMBSTONE_QUOTA
+        if now < self._resume_blocked_until:
             return ResumeRefusal.TOMBSTONES_FULL
         if existing is not None:
             self._drop(session_id, CloseReason.IDLE)
-        self._make_room(now)
+        self._admit(identity.token_id, now)
         session = Session(session_id, token_hash(token), identity, protocol_version, now, now, resumed=True)
-        self._sessions[session_id] = session
+        self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=session_id, token_id=identity.token_id,
                                 protocol_version=protocol_version, resumed=True)
         return Resumed(session, created=True)
 
     def delete(self, session_id: str) -> bool:
         """End a session for good on this process: it leaves a tombstone for the idle TTL."""
-        if session_id not in self._sessions:
+        session = self._sessions.get(session_id)
+        if session is None:
             return False
         now = self._clock()
+        owner = session.quota_key
         self._drop(session_id, CloseReason.DELETED)
         self._expire_tombstones(now)
-        if len(self._tombstones) < self.cap:
-            self._tombstones[session_id] = now + self.idle_ttl
+        largest_other = max((len(t) for k, t in self._tombstones_by_token.items() if k != owner), default=0) \
+            if len(self._tombstones) >= self.cap else 0
+        action = tombstone_action(self.tombstones_of(owner), self.per_token, len(self._tombstones), self.cap,
+                                  largest_other)
+        if action is TombstoneAction.BLOCK_LARGEST:
+            largest = max((k for k in self._tombstones_by_token if k != owner),
+                          key=lambda k: len(self._tombstones_by_token[k]))
+            self._block(largest, max(self._tombstones_by_token[largest].values()))
+            action = TombstoneAction.RECORD
+        if action is TombstoneAction.RECORD:
+            until = now + self.idle_ttl
+            self._tombstones[session_id] = (until, owner)
+            self._tombstones_by_token.setdefault(owner, {})[session_id] = until
         else:
-            self._resume_blocked_until = max(self._resume_blocked_until, now + self.idle_ttl)
+            self._block(owner, now + self.idle_ttl)
         return True
 
     def close(self, session_id: str, reason: CloseReason) -> bool:
@@ -193,12 +291,14 @@ class SessionRegistry:
         return True
 
     def sweep(self, now: float | None = None) -> list[tuple[str, CloseReason]]:
-        """Close idle sessions and forget expired tombstones; returns what was closed."""
+        """Close idle sessions and forget expired tombstones and blocks; returns what was closed."""
         now = self._clock() if now is None else now
         idle = [sid for sid, s in self._sessions.items() if now - s.last_seen >= self.idle_ttl]
         for sid in idle:
             self._drop(sid, CloseReason.IDLE)
         self._expire_tombstones(now)
+        for token_id in [k for k, until in self._blocked.items() if until <= now]:
+            del self._blocked[token_id]
         return [(sid, CloseReason.IDLE) for sid in idle]
 
     def close_all(self) -> None:
@@ -213,23 +313,58 @@ class SessionRegistry:
         soonest = min(s.last_seen for s in self._sessions.values()) + self.idle_ttl
         return max(1, int(soonest - now) + 1)
 
-    def _make_room(self, now: float) -> None:
+    def _admit(self, token_id: str, now: float) -> None:
+        """Room for one more session of this token: its own quota first (evicting its LRU idle one), then the cap.
+
+        The global cap never evicts: a session of one token is never closed to make room for another's.
+        """
+        own = self._by_token.get(token_id, {})
+        victim = least_recently_used_idle(own.values()) if len(own) >= self.per_token else None
+        action = live_quota_action(len(own), self.per_token, victim is not None)
+        if action is QuotaAction.BUSY:
+            raise TokenSessionsBusy(BUSY_RETRY_AFTER)
+        if action is QuotaAction.EVICT:
+            assert victim is not None
+            self._drop(victim.id, CloseReason.EVICTED)
         if len(self._sessions) >= self.cap:
             self.sweep(now)
         if len(self._sessions) >= self.cap:
             raise RegistryFull(self.retry_after())
 
+    def _insert(self, session: Session) -> None:
+        session.quota_key = session.identity.token_id
+        self._sessions[session.id] = session
+        self._by_token.setdefault(session.quota_key, {})[session.id] = session
+
+    def _block(self, token_id: str, until: float) -> None:
+        """Refuse this token's resumes until ``until``; its tombstones are covered by that and go."""
+        for sid in self._tombstones_by_token.pop(token_id, {}):
+            del self._tombstones[sid]
+        if token_id in self._blocked or len(self._blocked) < self.cap:
+            self._blocked[token_id] = max(self._blocked.get(token_id, 0.0), until)
+        else:
+            self._resume_blocked_until = max(self._resume_blocked_until, until)
+
     def _expire_tombstones(self, now: float) -> None:
-        # Every tombstone lives exactly idle_ttl from its insert, so insertion order is expiry order:
-        # drop from the front and stop at the first one still alive.
+        # Insertion order is expiry order: drop from the front and stop at the first one still alive.
         while self._tombstones:
-            sid, until = next(iter(self._tombstones.items()))
+            sid, (until, owner) = next(iter(self._tombstones.items()))
             if until > now:
                 break
             del self._tombstones[sid]
+            own = self._tombstones_by_token.get(owner)
+            if own is not None:
+                own.pop(sid, None)
+                if not own:
+                    del self._tombstones_by_token[owner]
 
     def _drop(self, session_id: str, reason: CloseReason) -> None:
         session = self._sessions.pop(session_id, None)
         if session is not None:
+            own = self._by_token.get(session.quota_key)
+            if own is not None:
+                own.pop(session_id, None)
+                if not own:
+                    del self._by_token[session.quota_key]
             self._publisher.publish(events.SESSION_CLOSE, session_id=session_id,
                                     token_id=session.identity.token_id, reason=str(reason))

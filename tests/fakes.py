@@ -7,6 +7,7 @@ HTTP-level rules be checked quickly and deterministically.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from satgate_mcp import jsonrpc
@@ -15,6 +16,15 @@ from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.upstream.base import ProgressCallback
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the event loop until the gateway reached a state no event announces (bounded, no timing)."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
 
 
 class FakePool:

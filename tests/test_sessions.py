@@ -12,14 +12,21 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.sessions import (
     CloseReason,
+    QuotaAction,
     RegistryFull,
     Resumed,
     ResumeRefusal,
+    Session,
     SessionRegistry,
+    TokenSessionsBusy,
+    TombstoneAction,
     is_valid_session_id_syntax,
+    least_recently_used_idle,
+    live_quota_action,
     make_session_id,
     session_id_matches_token,
     session_tag,
+    tombstone_action,
 )
 from tests.fakes import FakeClock
 
@@ -27,6 +34,9 @@ TTL = 1800.0
 ALICE_TOKEN = "tok-alice"
 BOB_TOKEN = "tok-bob"
 ALICE = Identity(token_id="alice")
+BOB = Identity(token_id="bob")
+CAROL_TOKEN = "tok-carol"
+CAROL = Identity(token_id="carol")
 VERSION = "2025-06-18"
 ID_FORMAT = re.compile(r"^mcp-[0-9a-f]{32}-[0-9a-f]{32}$")
 
@@ -50,8 +60,9 @@ def registry(clock: FakeClock, publisher: RecordingPublisher) -> SessionRegistry
     return make_registry(clock, publisher)
 
 
-def resume(registry: SessionRegistry, session_id: str, token: str = ALICE_TOKEN) -> Resumed | ResumeRefusal:
-    return registry.resume(session_id, token, ALICE, VERSION)
+def resume(registry: SessionRegistry, session_id: str, token: str = ALICE_TOKEN,
+           identity: Identity = ALICE) -> Resumed | ResumeRefusal:
+    return registry.resume(session_id, token, identity, VERSION)
 
 
 def close_reasons(publisher: RecordingPublisher) -> list[tuple[str, str]]:
@@ -268,20 +279,20 @@ def test_a_deleted_id_leaves_a_tombstone_for_the_idle_ttl(registry: SessionRegis
     assert registry.tombstone_count == 0
 
 
-def test_a_full_tombstone_map_refuses_every_resume_but_initialize_still_works(
+def test_a_full_tombstone_map_still_resumes_ids_it_has_no_tombstone_for(
     clock: FakeClock, publisher: RecordingPublisher
 ) -> None:
     registry = make_registry(clock, publisher, cap=2)
-    for _ in range(2):
-        registry.delete(registry.open(ALICE_TOKEN, ALICE, VERSION).id)
+    deleted = [registry.open(ALICE_TOKEN, ALICE, VERSION) for _ in range(2)]
+    for s in deleted:
+        registry.delete(s.id)
     assert registry.tombstone_count == 2
-    assert resume(registry, make_session_id(ALICE_TOKEN)) is ResumeRefusal.TOMBSTONES_FULL
-    assert len(registry) == 0
-    session = registry.open(ALICE_TOKEN, ALICE, VERSION)
-    assert registry.get(session.id) is session
+    assert isinstance(resume(registry, make_session_id(ALICE_TOKEN)), Resumed)
+    for s in deleted:
+        assert resume(registry, s.id) is ResumeRefusal.DELETED
 
 
-def test_a_delete_that_finds_the_map_full_blocks_resumes_until_its_ttl_passes(
+def test_a_delete_that_finds_the_map_full_blocks_only_its_own_tokens_resumes_until_its_ttl_passes(
     clock: FakeClock, publisher: RecordingPublisher
 ) -> None:
     registry = make_registry(clock, publisher, cap=2)
@@ -290,13 +301,12 @@ def test_a_delete_that_finds_the_map_full_blocks_resumes_until_its_ttl_passes(
         registry.delete(s.id)
     clock.advance(100)
     late = registry.open(ALICE_TOKEN, ALICE, VERSION)
-    assert registry.delete(late.id)  # the map is full: its id cannot be recorded
-    assert registry.tombstone_count == 2
+    assert registry.delete(late.id)  # the map is full and alice holds all of it: alice's resumes wait
 
-    clock.advance(TTL - 100)  # the first tombstones expire now, the late delete's block does not
-    assert resume(registry, late.id) is ResumeRefusal.TOMBSTONES_FULL
-    assert resume(registry, make_session_id(ALICE_TOKEN)) is ResumeRefusal.TOMBSTONES_FULL
-    assert registry.tombstone_count == 0
+    clock.advance(TTL - 100)  # the first tombstones would expire now, the late delete's block does not
+    for sid in (late.id, first[0].id, make_session_id(ALICE_TOKEN)):
+        assert resume(registry, sid) is ResumeRefusal.TOMBSTONE_QUOTA
+    assert isinstance(resume(registry, make_session_id(BOB_TOKEN), BOB_TOKEN, BOB), Resumed)
 
     clock.advance(100)
     outcome = resume(registry, late.id)
@@ -304,19 +314,215 @@ def test_a_delete_that_finds_the_map_full_blocks_resumes_until_its_ttl_passes(
     assert outcome.created
 
 
-def test_an_unexpired_tombstone_is_never_evicted_under_capacity_pressure(
+def test_a_deleted_id_is_never_resumed_within_its_ttl_whatever_the_pressure(
     clock: FakeClock, publisher: RecordingPublisher
 ) -> None:
     registry = make_registry(clock, publisher, cap=2)
     deleted = [registry.open(ALICE_TOKEN, ALICE, VERSION) for _ in range(2)]
     for s in deleted:
         registry.delete(s.id)
-    for _ in range(3):  # more deletes, more sessions, more sweeps: the map stays full of the old ones
+    for _ in range(3):  # more deletes, more sessions, more sweeps
         clock.advance(10)
         registry.delete(registry.open(ALICE_TOKEN, ALICE, VERSION).id)
         registry.sweep()
     registry.open(ALICE_TOKEN, ALICE, VERSION)
     registry.open(ALICE_TOKEN, ALICE, VERSION)
-    assert registry.tombstone_count == 2
     for s in deleted:
-        assert resume(registry, s.id) is ResumeRefusal.DELETED
+        assert not isinstance(resume(registry, s.id), Resumed)
+
+
+# --- per-token quotas (issue 9, hole 4) ----------------------------------------------------------------
+
+def quota_registry(clock: FakeClock, publisher: RecordingPublisher, *, cap: int = 10,
+                   per_token: int = 3) -> SessionRegistry:
+    return SessionRegistry(cap=cap, idle_ttl=TTL, per_token=per_token, publisher=publisher, clock=clock)
+
+
+@pytest.mark.parametrize(
+    ("held", "quota", "has_idle", "action"),
+    [
+        pytest.param(0, 3, False, QuotaAction.ADMIT, id="empty"),
+        pytest.param(2, 3, False, QuotaAction.ADMIT, id="below-quota-all-busy"),
+        pytest.param(3, 3, True, QuotaAction.EVICT, id="at-quota-one-idle"),
+        pytest.param(3, 3, False, QuotaAction.BUSY, id="at-quota-all-busy"),
+        pytest.param(5, 3, True, QuotaAction.EVICT, id="over-quota-after-a-lowered-setting"),
+    ],
+)
+def test_live_quota_decision(held: int, quota: int, has_idle: bool, action: QuotaAction) -> None:
+    assert live_quota_action(held, quota, has_idle) is action
+
+
+def _session(name: str, last_seen: float, inflight: int = 0) -> Session:
+    return Session(name, "h", ALICE, VERSION, 0.0, last_seen, inflight=inflight)
+
+
+@pytest.mark.parametrize(
+    ("sessions", "victim"),
+    [
+        pytest.param([], None, id="none"),
+        pytest.param([_session("a", 5), _session("b", 1), _session("c", 3)], "b", id="oldest-idle"),
+        pytest.param([_session("a", 5), _session("b", 1, inflight=1), _session("c", 3)], "c",
+                     id="busy-oldest-is-skipped"),
+        pytest.param([_session("a", 5, inflight=2), _session("b", 1, inflight=1)], None, id="all-busy"),
+    ],
+)
+def test_eviction_victim_is_the_least_recently_used_idle_session(sessions: list[Session], victim: str | None) -> None:
+    chosen = least_recently_used_idle(sessions)
+    assert (chosen.id if chosen else None) == victim
+
+
+@pytest.mark.parametrize(
+    ("own", "quota", "total", "bound", "largest_other", "action"),
+    [
+        pytest.param(0, 3, 0, 10, 0, TombstoneAction.RECORD, id="room"),
+        pytest.param(2, 3, 9, 10, 3, TombstoneAction.RECORD, id="below-quota-map-has-room"),
+        pytest.param(3, 3, 3, 10, 0, TombstoneAction.BLOCK_OWN, id="at-own-quota"),
+        pytest.param(3, 3, 10, 10, 3, TombstoneAction.BLOCK_OWN, id="at-own-quota-map-full"),
+        pytest.param(0, 3, 10, 10, 3, TombstoneAction.BLOCK_LARGEST, id="map-full-a-bigger-holder-gives-room"),
+        pytest.param(1, 3, 10, 10, 2, TombstoneAction.BLOCK_LARGEST, id="map-full-bigger-by-one"),
+        pytest.param(2, 3, 10, 10, 2, TombstoneAction.BLOCK_OWN, id="map-full-no-one-holds-more"),
+        pytest.param(1, 3, 10, 10, 0, TombstoneAction.BLOCK_OWN, id="map-full-only-own"),
+    ],
+)
+def test_tombstone_decision(own: int, quota: int, total: int, bound: int, largest_other: int,
+                            action: TombstoneAction) -> None:
+    assert tombstone_action(own, quota, total, bound, largest_other) is action
+
+
+def test_at_its_quota_a_token_evicts_its_least_recently_used_idle_session(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher)
+    sessions = []
+    for _ in range(3):
+        sessions.append(registry.open(ALICE_TOKEN, ALICE, VERSION))
+        clock.advance(1)
+    registry.touch(sessions[0])  # now sessions[1] is the least recently used
+    newest = registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert registry.held_by("alice") == 3
+    assert registry.get(sessions[1].id) is None
+    assert registry.get(newest.id) is newest
+    assert close_reasons(publisher) == [(sessions[1].id, "evicted")]
+    # no tombstone: its owner resumes it later, as after a restart
+    assert registry.tombstone_count == 0
+    sessions[2].inflight = 1
+    sessions[0].inflight = 1
+    newest.inflight = 1
+    with pytest.raises(TokenSessionsBusy):
+        resume(registry, sessions[1].id)
+    newest.inflight = 0
+    assert isinstance(resume(registry, sessions[1].id), Resumed)
+    assert registry.get(newest.id) is None
+
+
+def test_a_token_whose_sessions_are_all_busy_gets_retry_after_and_others_are_served(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher)
+    for _ in range(3):
+        registry.open(ALICE_TOKEN, ALICE, VERSION).inflight = 1
+    with pytest.raises(TokenSessionsBusy) as busy:
+        registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert busy.value.retry_after >= 1
+    assert busy.value.reason == "session_quota_reached"
+    assert registry.held_by("alice") == 3
+    bob = registry.open(BOB_TOKEN, BOB, VERSION)
+    assert registry.get(bob.id) is bob
+
+
+def test_the_global_cap_never_evicts_another_tokens_session(clock: FakeClock, publisher: RecordingPublisher) -> None:
+    registry = quota_registry(clock, publisher, cap=4, per_token=3)
+    alice = [registry.open(ALICE_TOKEN, ALICE, VERSION) for _ in range(3)]
+    registry.open(BOB_TOKEN, BOB, VERSION)
+    with pytest.raises(RegistryFull) as full:
+        registry.open(CAROL_TOKEN, CAROL, VERSION)
+    assert not isinstance(full.value, TokenSessionsBusy)
+    assert all(registry.get(s.id) is s for s in alice)
+    # alice at her own quota makes room from her own sessions, even at the cap
+    registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert len(registry) == 4
+
+
+def test_attack_one_token_filling_the_cap_no_longer_denies_another_tenant(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher, cap=10, per_token=3)
+    for _ in range(50):
+        registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert registry.held_by("alice") == 3
+    bob = [registry.open(BOB_TOKEN, BOB, VERSION) for _ in range(3)]
+    assert all(registry.get(s.id) is s for s in bob)
+
+
+def test_resume_counts_toward_the_live_quota(clock: FakeClock, publisher: RecordingPublisher) -> None:
+    registry = quota_registry(clock, publisher)
+    for _ in range(5):
+        assert isinstance(resume(registry, make_session_id(ALICE_TOKEN)), Resumed)
+    assert registry.held_by("alice") == 3
+
+
+def test_a_token_over_its_tombstone_quota_cannot_resume_until_its_tombstones_expire(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher)
+    for _ in range(3):
+        registry.delete(registry.open(ALICE_TOKEN, ALICE, VERSION).id)
+    assert registry.tombstones_of("alice") == 3
+    assert isinstance(resume(registry, make_session_id(ALICE_TOKEN)), Resumed)
+    clock.advance(10)
+    registry.delete(registry.open(ALICE_TOKEN, ALICE, VERSION).id)  # one past the quota
+    assert registry.tombstones_of("alice") == 0  # replaced by one block on alice's own resumes
+    assert resume(registry, make_session_id(ALICE_TOKEN)) is ResumeRefusal.TOMBSTONE_QUOTA
+    assert isinstance(resume(registry, make_session_id(BOB_TOKEN), BOB_TOKEN, BOB), Resumed)
+    assert isinstance(registry.open(ALICE_TOKEN, ALICE, VERSION), Session)  # initialize still works
+    clock.advance(TTL)
+    registry.sweep()
+    assert isinstance(resume(registry, make_session_id(ALICE_TOKEN)), Resumed)
+
+
+def test_attack_delete_churn_by_one_token_no_longer_refuses_another_tokens_resume(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher, cap=10, per_token=3)
+    for _ in range(10 * 3):  # cap x (initialize + DELETE), several times over
+        registry.delete(registry.open(ALICE_TOKEN, ALICE, VERSION).id)
+    assert registry.tombstone_count <= 3
+    assert isinstance(resume(registry, make_session_id(BOB_TOKEN), BOB_TOKEN, BOB), Resumed)
+
+
+def test_a_full_tombstone_map_takes_room_from_the_largest_holder_only(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher, cap=4, per_token=3)
+    alice = [registry.open(ALICE_TOKEN, ALICE, VERSION) for _ in range(3)]
+    for s in alice:
+        registry.delete(s.id)
+    bob = registry.open(BOB_TOKEN, BOB, VERSION)
+    registry.delete(bob.id)
+    assert registry.tombstone_count == 4  # full
+    carol = registry.open(CAROL_TOKEN, CAROL, VERSION)
+    registry.delete(carol.id)
+    # alice held the most: her tombstones became a block on her own resumes; bob and carol are recorded
+    assert resume(registry, make_session_id(ALICE_TOKEN)) is ResumeRefusal.TOMBSTONE_QUOTA
+    assert not any(isinstance(resume(registry, s.id), Resumed) for s in alice)
+    assert resume(registry, bob.id, BOB_TOKEN, BOB) is ResumeRefusal.DELETED
+    assert resume(registry, carol.id, CAROL_TOKEN, CAROL) is ResumeRefusal.DELETED
+    assert isinstance(resume(registry, make_session_id(BOB_TOKEN), BOB_TOKEN, BOB), Resumed)
+    assert isinstance(resume(registry, make_session_id(CAROL_TOKEN), CAROL_TOKEN, CAROL), Resumed)
+
+
+def test_many_tokens_deleting_never_make_a_deleted_id_resumable(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    """The safety rule under every quota path: within its TTL a deleted id is never served again."""
+    registry = quota_registry(clock, publisher, cap=6, per_token=2)
+    deleted: list[tuple[str, str, Identity]] = []
+    for round_ in range(40):
+        name = f"t{round_ % 5}"
+        token, identity = f"tok-{name}", Identity(token_id=name)
+        session = registry.open(token, identity, VERSION)
+        registry.delete(session.id)
+        deleted.append((session.id, token, identity))
+        clock.advance(5)
+        for sid, tok, ident in deleted:
+            assert not isinstance(registry.resume(sid, tok, ident, VERSION), Resumed)

@@ -1,19 +1,49 @@
-"""Liveness, readiness and metrics endpoints; none of them needs auth or a session."""
+"""Liveness, readiness and metrics endpoints; none of them needs a session.
+
+``/readyz`` and ``/metrics`` get the Host/Origin rules of ``/mcp``: after DNS rebinding a web page
+could otherwise read them. ``/metrics`` may also require a bearer (``SATGATE_METRICS_TOKEN``).
+``/healthz`` stays open: it says only "ok", and liveness probes (Docker, Kubernetes) call it with
+whatever Host they like.
+"""
 
 from __future__ import annotations
 
+import hmac
+
 from aiohttp import web
 
-from satgate_mcp.keys import METRICS, POOL
+from satgate_mcp import jsonrpc
+from satgate_mcp.keys import METRICS, POOL, SETTINGS
 from satgate_mcp.metrics import CONTENT_TYPE
+from satgate_mcp.settings import Settings
+from satgate_mcp.transport.rules import Refusal, bearer_challenge
+from satgate_mcp.transport.streamable import host_origin_refusal, refusal_answer
+
+METRICS_UNAUTHORIZED = Refusal(401, "unauthorized",
+                               "Unauthorized: /metrics needs Authorization: Bearer <SATGATE_METRICS_TOKEN>",
+                               code=jsonrpc.SERVER_ERROR, headers={"WWW-Authenticate": bearer_challenge(None)})
+
+
+def metrics_refusal(authorization: str | None, settings: Settings) -> Refusal | None:
+    """With a metrics token configured, only ``Bearer <it>`` reads /metrics (constant-time compare)."""
+    if settings.metrics_token is None:
+        return None
+    scheme, _, presented = (authorization or "").strip().partition(" ")
+    expected = settings.metrics_token.get_secret_value().encode("utf-8")
+    ok = scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode("utf-8", "surrogatepass"),
+                                                             expected)
+    return None if ok else METRICS_UNAUTHORIZED
 
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readyz(request: web.Request) -> web.StreamResponse:
     """Ready only when every upstream is initialized: a proxy should not send calls that would fail."""
+    refusal = host_origin_refusal(request, request.app[SETTINGS])
+    if refusal:
+        return refusal_answer(refusal)
     pool = request.app[POOL]
     upstreams = pool.readiness()
     ready = all(upstreams.values())
@@ -21,7 +51,12 @@ async def readyz(request: web.Request) -> web.Response:
                              status=200 if ready else 503)
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    refusal = host_origin_refusal(request, settings) or metrics_refusal(request.headers.get("Authorization"),
+                                                                        settings)
+    if refusal:
+        return refusal_answer(refusal)
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 

@@ -15,12 +15,13 @@ from aiohttp import web
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.dispatch import Dispatcher
+from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import CloseReason, RegistryFull, Session, SessionRegistry
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.rules import Refusal
-from satgate_mcp.transport.streamable import StreamableHttpTransport, refusal_answer
+from satgate_mcp.transport.streamable import StreamableHttpTransport, refusal_answer, registry_full_refusal
 
 LEGACY_VERSION = "2024-11-05"
 KEEPALIVE_SECONDS = 15.0
@@ -68,8 +69,9 @@ class LegacySseTransport:
         try:
             session = self._registry.open(auth.token, auth.identity, LEGACY_VERSION)
         except RegistryFull as full:
-            return refusal_answer(rules.session_cap_reached(full.retry_after))
+            return refusal_answer(registry_full_refusal(full))
         session.tools_seen = self._dispatcher.tools_version
+        session.inflight += 1  # the open stream is the session: never evicted for its token's quota
         request[SESSION_ID] = session.id
         state = _Stream(session)
         self._streams[session.id] = state
@@ -122,9 +124,14 @@ class LegacySseTransport:
             return refusal_answer(rules.invalid_message(str(exc)), exc.request_id)
         if isinstance(message, jsonrpc.Request):
             request[RPC_METHOD] = message.method
+            # The slot is taken here, before any task exists, so a flood of messages never piles up tasks.
+            if not self._mcp.admit(state.session, message):
+                self._enqueue(state, too_many_in_flight(message.id))
+                return web.Response(status=202, text="Accepted")
             task = asyncio.create_task(self._answer(state, message))
             state.tasks.add(task)
             task.add_done_callback(state.tasks.discard)
+            task.add_done_callback(lambda _t: self._mcp.limiter.release(state.session.quota_key))
         elif isinstance(message, jsonrpc.Notification):
             request[RPC_METHOD] = message.method
             self._mcp.on_notification(state.session, message)
@@ -136,7 +143,7 @@ class LegacySseTransport:
         if message.method == "initialize":
             reply = jsonrpc.result_response(message.id, self._dispatcher.initialize_result(LEGACY_VERSION))
         else:
-            reply = await self._mcp.run(state.session, message, None)
+            reply = await self._mcp.run_admitted(state.session, message, None)
         self._enqueue(state, reply)
 
     @staticmethod

@@ -19,10 +19,18 @@ from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Authenticator, AuthResult
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import Publisher
+from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.sessions import RegistryFull, ResumeRefusal, Session, SessionRegistry, is_valid_session_id_syntax
+from satgate_mcp.sessions import (
+    RegistryFull,
+    ResumeRefusal,
+    Session,
+    SessionRegistry,
+    TokenSessionsBusy,
+    is_valid_session_id_syntax,
+)
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.rules import Refusal
@@ -44,6 +52,20 @@ def refusal_answer(refusal: Refusal, request_id: RequestId | None = None) -> web
     return json_answer(refusal.body(request_id), refusal.status, dict(refusal.headers))
 
 
+def registry_full_refusal(full: RegistryFull) -> Refusal:
+    """The process cap (as ever), or this token's quota with every one of its sessions busy."""
+    if isinstance(full, TokenSessionsBusy):
+        return Refusal(503, full.reason, "Too many sessions for this token, all of them busy; retry later",
+                       code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(full.retry_after)})
+    return rules.session_cap_reached(full.retry_after)
+
+
+def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | None:
+    """The DNS-rebinding guard every browser-reachable endpoint shares (/mcp, /sse, /readyz, /metrics)."""
+    return (rules.check_host(request.headers.get("Host"), settings.allowed_hosts, settings.host)
+            or rules.check_origin(request.headers.get("Origin"), settings.allowed_origins))
+
+
 def sse_event(message: JsonObj) -> bytes:
     return b"event: message\ndata: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"
 
@@ -55,13 +77,16 @@ def _progress_token(request: jsonrpc.Request) -> object:
 
 class StreamableHttpTransport:
     def __init__(self, *, settings: Settings, registry: SessionRegistry, authenticator: Authenticator,
-                 dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics) -> None:
+                 dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics,
+                 limiter: InflightLimiter | None = None) -> None:
         self._settings = settings
         self._registry = registry
         self._auth = authenticator
         self._dispatcher = dispatcher
         self._publisher = publisher
         self._metrics = metrics
+        self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight_per_token,
+                                                  total=settings.max_inflight)
         #: Calls in flight by (session, JSON-RPC id); a set, since a careless client may reuse an id concurrently.
         self._inflight: dict[InflightKey, set[asyncio.Task[JsonObj]]] = {}
 
@@ -86,8 +111,7 @@ class StreamableHttpTransport:
     # --- edges shared by every verb -------------------------------------------------------------
 
     def check_origin_and_host(self, request: web.Request) -> Refusal | None:
-        return (rules.check_host(request.headers.get("Host"), self._settings.allowed_hosts, self._settings.host)
-                or rules.check_origin(request.headers.get("Origin"), self._settings.allowed_origins))
+        return host_origin_refusal(request, self._settings)
 
     async def authenticate(self, request: web.Request) -> AuthResult | Refusal:
         result = await self._auth.authenticate(request.headers.get("Authorization"))
@@ -120,8 +144,8 @@ class StreamableHttpTransport:
         try:
             outcome = self._registry.resume(session_id, auth.token, auth.identity, version)
         except RegistryFull as full:
-            self._metrics.refusals.labels(reason="session_cap_reached").inc()
-            return rules.session_cap_reached(full.retry_after)
+            self._metrics.refusals.labels(reason=full.reason).inc()
+            return registry_full_refusal(full)
         if isinstance(outcome, ResumeRefusal):
             log.info("resume_refused", session_id=session_id, reason=str(outcome))
             self._metrics.refusals.labels(reason=f"resume_{outcome}").inc()
@@ -218,8 +242,7 @@ class StreamableHttpTransport:
         if not requests:
             return web.Response(status=202, headers=headers)
         if is_batch:
-            replies = await asyncio.gather(*(self.run(session, r, None) for r in requests))
-            return json_answer(replies, headers=headers)
+            return json_answer(await self.run_batch(session, requests), headers=headers)
         single = requests[0]
         if rules.accepts(request.headers.get("Accept"), "text/event-stream") and (
                 _progress_token(single) is not None or self.tools_changed_for(session, single)):
@@ -252,8 +275,8 @@ class StreamableHttpTransport:
         try:
             session = self._registry.open(auth.token, auth.identity, version)
         except RegistryFull as full:
-            self._metrics.refusals.labels(reason="session_cap_reached").inc()
-            return refusal_answer(rules.session_cap_reached(full.retry_after), init.id)
+            self._metrics.refusals.labels(reason=full.reason).inc()
+            return refusal_answer(registry_full_refusal(full), init.id)
         session.tools_seen = self._dispatcher.tools_version
         self._metrics.sessions_opened.inc()
         request[SESSION_ID] = session.id
@@ -278,8 +301,43 @@ class StreamableHttpTransport:
         session.tools_seen = self._dispatcher.tools_version
         return [jsonrpc.notification_message("notifications/tools/list_changed")]
 
+    def admit(self, session: Session, request: jsonrpc.Request) -> bool:
+        """Take an in-flight slot for this request, or count the refusal (the caller answers -32004)."""
+        if self.limiter.try_acquire(session.quota_key):
+            return True
+        self._metrics.refusals.labels(reason="too_many_in_flight").inc()
+        log.info("too_many_in_flight", session_id=session.id, token_id=session.quota_key, method=request.method)
+        return False
+
+    async def run_batch(self, session: Session, requests: list[jsonrpc.Request]) -> list[JsonObj]:
+        """Every item of a batch, the excess over the in-flight bounds refused at once (no task for it)."""
+        replies: list[JsonObj | None] = [None] * len(requests)
+        tasks: dict[int, asyncio.Task[JsonObj]] = {}
+        for index, request in enumerate(requests):
+            if not self.admit(session, request):
+                replies[index] = too_many_in_flight(request.id)
+                continue
+            task = asyncio.ensure_future(self.run_admitted(session, request, None))
+            # A done callback runs even for a task cancelled before it started: the slot is never lost.
+            task.add_done_callback(lambda _t: self.limiter.release(session.quota_key))
+            tasks[index] = task
+        if tasks:
+            for index, reply in zip(tasks, await asyncio.gather(*tasks.values()), strict=True):
+                replies[index] = reply
+        return [reply for reply in replies if reply is not None]
+
     async def run(self, session: Session, request: jsonrpc.Request,
                    on_progress: Callable[[JsonObj], Awaitable[None]] | None) -> JsonObj:
+        """One request within the in-flight bounds, or -32004 at once when past either of them."""
+        if not self.admit(session, request):
+            return too_many_in_flight(request.id)
+        try:
+            return await self.run_admitted(session, request, on_progress)
+        finally:
+            self.limiter.release(session.quota_key)
+
+    async def run_admitted(self, session: Session, request: jsonrpc.Request,
+                           on_progress: Callable[[JsonObj], Awaitable[None]] | None) -> JsonObj:
         """Run one request as its own task so a client's notifications/cancelled can stop it."""
         if request.method == "tools/list":
             session.tools_seen = self._dispatcher.tools_version
@@ -287,12 +345,14 @@ class StreamableHttpTransport:
         task = asyncio.ensure_future(self._dispatcher.handle(
             request, identity=session.identity, session_id=session.id, on_progress=on_progress))
         self._inflight.setdefault(key, set()).add(task)
+        session.inflight += 1  # a session with a call running is never the one evicted for its token's quota
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:
             task.cancel()
             raise
         finally:
+            session.inflight -= 1
             tasks = self._inflight.get(key)
             if tasks is not None:
                 tasks.discard(task)

@@ -365,7 +365,8 @@ async def test_observe_mode_charges_and_logs_but_never_refuses(deploy: Deploy, e
 ])
 async def test_concurrent_calls_on_a_small_budget_never_overspend(
         deploy: Deploy, cost: float, budget: float, fits: int) -> None:
-    deployment = deploy(tool_costs={"block": cost})
+    # Above SATGATE_MAX_INFLIGHT_PER_TOKEN's default (64), so the in-flight bound (hole 11) stays out of the way.
+    deployment = deploy(tool_costs={"block": cost}, max_inflight_per_token=CONCURRENT_CALLS)
     gw = await deployment.start()
     token = mint(budget_limit=budget)
     sessions = [await gw.initialize(token) for _ in range(CONCURRENT_SESSIONS)]

@@ -25,10 +25,10 @@ from satgate_mcp.auth.base import Authenticator, AuthResult, NoAuthenticator, St
 from satgate_mcp.auth.macaroons import MacaroonAuthenticator, add_caveats, mint_token
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublisher
-from satgate_mcp.keys import METRICS, REGISTRY, RESUMES_SESSIONS
+from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS
 from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
 from satgate_mcp.settings import Settings
-from tests.fakes import AllowAllPolicy, FakeClock, FakePool
+from tests.fakes import AllowAllPolicy, FakeClock, FakePool, until
 
 ROOT_KEY = "resume-tests-root-key-0123456789abcdef"
 OTHER_ROOT_KEY = "another-deployment-root-key-0123456789"
@@ -530,26 +530,25 @@ async def test_resume_only_in_header_mode(start_gateway: StartGateway, token: st
 # --- tombstones ----------------------------------------------------------------------------------
 
 
-async def test_full_tombstone_map_refuses_every_resume_until_entries_expire(
+async def test_full_tombstone_map_refuses_the_deleted_ids_and_nothing_else(
         start_gateway: StartGateway, token: str, clock: FakeClock) -> None:
     gw = await start_gateway(session_cap=2)
-    for _ in range(2):
-        assert (await gw.delete(token, await gw.initialize(token))).status == 200
+    deleted = [await gw.initialize(token) for _ in range(2)]
+    for session_id in deleted:
+        assert (await gw.delete(token, session_id)).status == 200
     assert gw.registry.tombstone_count == 2
     from_elsewhere = make_session_id(token)  # issued by another process, never seen here
 
-    assert_unknown_id(await gw.call(token, from_elsewhere))
-    assert gw.connects(from_elsewhere) == []
-    # initialize and live sessions are unaffected
-    live = await gw.initialize(token)
-    assert_served(await gw.call(token, live), live)
+    for session_id in deleted:
+        assert_unknown_id(await gw.call(token, session_id))
+    assert_served(await gw.call(token, from_elsewhere), from_elsewhere)
 
     clock.advance(IDLE_TTL)
-    assert_served(await gw.call(token, from_elsewhere), from_elsewhere)
+    assert_served(await gw.call(token, deleted[0]), deleted[0])
     assert gw.registry.tombstone_count == 0
 
 
-async def test_delete_that_finds_the_tombstone_map_full_blocks_resumes_for_its_own_ttl(
+async def test_delete_that_finds_the_tombstone_map_full_blocks_its_own_tokens_resumes_for_its_ttl(
         start_gateway: StartGateway, token: str, clock: FakeClock) -> None:
     gw = await start_gateway(session_cap=1)
     first = await gw.initialize(token)
@@ -558,12 +557,16 @@ async def test_delete_that_finds_the_tombstone_map_full_blocks_resumes_for_its_o
     unrecorded = await gw.initialize(token)
     assert (await gw.delete(token, unrecorded)).status == 200  # map full: cannot be recorded
     from_elsewhere = make_session_id(token)
+    other = mint_token(ROOT_KEY, "agent-2")
+    others_session = make_session_id(other)
 
     clock.advance(IDLE_TTL / 2 + 1)  # the first tombstone has expired; the map has room again
     gw.registry.sweep()
     assert gw.registry.tombstone_count == 0
     for session_id in (unrecorded, from_elsewhere):
         assert_unknown_id(await gw.call(token, session_id))
+    assert_served(await gw.call(other, others_session), others_session)  # another token is not affected
+    assert (await gw.delete(other, others_session)).status == 200  # and its delete is recorded
 
     clock.advance(IDLE_TTL / 2)  # now the unrecorded id's own TTL is over too
     assert_served(await gw.call(token, unrecorded), unrecorded)
@@ -584,14 +587,70 @@ async def test_deleted_tombstone_is_never_evicted_under_capacity_pressure(
     assert gw.registry.tombstone_count == 1
     assert_unknown_id(await gw.call(token, deleted))
 
-    # more deletes press on the tombstone map: the old entry still stands
+    # more deletes press on the tombstone map: the deleted id stays refused
     for occupant in occupants:
         assert (await gw.delete(token, occupant)).status == 200
-    assert gw.registry.tombstone_count == 2
     clock.advance(9)
     gw.registry.sweep()
     assert_unknown_id(await gw.call(token, deleted))
     assert gw.connects(deleted) == gw.connects()[:1]
+
+
+# --- per-token quotas (issue 9, hole 4) -----------------------------------------------------------
+
+
+async def test_attack_one_token_filling_the_session_cap_no_longer_denies_another_tenant(
+        start_gateway: StartGateway, token: str) -> None:
+    gw = await start_gateway(session_cap=20, sessions_per_token=5)
+    for _ in range(20):
+        await gw.initialize(token)
+    assert gw.registry.held_by("agent-1") == 5
+    other = mint_token(ROOT_KEY, "agent-2")
+    session_id = await gw.initialize(other)
+    assert_served(await gw.call(other, session_id), session_id)
+
+
+async def test_attack_cap_times_initialize_and_delete_no_longer_refuses_another_tokens_resume(
+        start_gateway: StartGateway, token: str) -> None:
+    other = mint_token(ROOT_KEY, "agent-2")
+    session_id, gw = await opened_then_restarted(start_gateway, other, session_cap=8, sessions_per_token=3)
+    for _ in range(2 * 8):
+        assert (await gw.delete(token, await gw.initialize(token))).status == 200
+    assert_served(await gw.call(other, session_id), session_id)
+
+
+async def test_an_evicted_session_is_resumed_by_its_owner_like_after_a_restart(
+        start_gateway: StartGateway, token: str) -> None:
+    gw = await start_gateway(sessions_per_token=2)
+    oldest = await gw.initialize(token)
+    await gw.initialize(token)
+    await gw.initialize(token)  # evicts the least recently used idle one: ``oldest``
+    assert gw.registry.get(oldest) is None
+    assert any(e["session_id"] == oldest and e["reason"] == "evicted" for e in gw.publisher.named(SESSION_CLOSE))
+    assert_served(await gw.call(token, oldest), oldest)
+    assert [e["resumed"] for e in gw.connects(oldest)] == [False, True]
+
+
+async def test_a_token_with_every_session_busy_gets_503_with_retry_after(
+        start_gateway: StartGateway, token: str) -> None:
+    gw = await start_gateway(sessions_per_token=2)
+    pool = gw.app[POOL]
+    assert isinstance(pool, FakePool)
+    busy = [await gw.initialize(token) for _ in range(2)]
+    calls = [asyncio.create_task(gw.send("POST", token, sid, body={
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "block", "arguments": {}}}))
+        for sid in busy]
+    await until(lambda: all((s := gw.registry.get(sid)) is not None and s.inflight for sid in busy))
+    refused = await gw.send("POST", token, body={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                                  "params": {"protocolVersion": LATEST}}, version=None)
+    assert refused.status == 503
+    assert refused.error == "session_quota_reached"
+    assert int(refused.headers["Retry-After"]) >= 1
+    other = mint_token(ROOT_KEY, "agent-2")
+    await gw.initialize(other)
+    pool.release.set()
+    for call in calls:
+        assert (await call).status == 200
 
 
 # --- DELETE racing a resume ----------------------------------------------------------------------

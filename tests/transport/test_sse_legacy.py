@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,11 +13,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 
-from satgate_mcp import events
+from satgate_mcp import events, jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.events import RecordingPublisher
-from satgate_mcp.keys import REGISTRY
+from satgate_mcp.keys import INFLIGHT, REGISTRY
 from satgate_mcp.settings import Settings
 from tests.fakes import AllowAllPolicy, AwaitablePublisher, FakePool
 
@@ -75,3 +76,34 @@ async def test_shutdown_ends_open_streams_so_the_drain_need_not_wait() -> None:
         await app.shutdown()
         rest = await asyncio.wait_for(resp.content.read(), 5)
         assert rest == b""  # the server ended the stream
+
+
+async def test_attack_a_message_flood_gets_rate_limited_replies_and_no_pile_of_tasks() -> None:
+    """Past the per-token bound each /message is refused at once (-32004 on the stream), never queued."""
+    pool = FakePool()
+    app = create_app(Settings(max_inflight_per_token=3), authenticator=NoAuthenticator(), pool=pool,
+                     policy=AllowAllPolicy(), publisher=RecordingPublisher())
+    async with TestClient(TestServer(app)) as client:
+        stream = await client.get("/sse")
+        endpoint = (await stream.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1].strip()
+        for n in range(50):
+            resp = await client.post(endpoint, json={"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                                                     "params": {"name": "block", "arguments": {}}})
+            assert resp.status == 202
+        refused: list[dict[str, Any]] = []
+        while len(refused) < 47:
+            event = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)).decode()
+            if event.startswith("event: message"):
+                refused.append(json.loads(event.split("data: ", 1)[1]))
+        assert all(r["error"]["code"] == jsonrpc.RATE_LIMITED for r in refused)
+        assert all(r["error"]["data"] == {"error": "rate_limited", "retry_after_seconds": 1} for r in refused)
+        assert len(pool.calls) == 3
+        assert app[INFLIGHT].in_flight == 3
+        pool.release.set()
+        answered: list[dict[str, Any]] = []
+        while len(answered) < 3:
+            event = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)).decode()
+            if event.startswith("event: message"):
+                answered.append(json.loads(event.split("data: ", 1)[1]))
+        assert all("result" in a for a in answered)
+        assert app[INFLIGHT].in_flight == 0

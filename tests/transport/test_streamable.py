@@ -30,13 +30,15 @@ from satgate_mcp.auth.base import (
     StaticTokenAuthenticator,
     bearer_from_header,
 )
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.jsonrpc import JsonObj, RequestId
-from satgate_mcp.keys import REGISTRY
+from satgate_mcp.keys import INFLIGHT, REGISTRY
 from satgate_mcp.sessions import SessionRegistry, make_session_id
 from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.base import ProgressCallback
-from tests.fakes import AllowAllPolicy, FakeClock, FakePool
+from tests.fakes import AllowAllPolicy, FakeClock, FakePool, until
 
 TTL = 1800.0
 SSE_ACCEPT = "application/json, text/event-stream"
@@ -826,3 +828,150 @@ async def test_metrics_in_prometheus_text_format(gw: Gateway, session: str) -> N
     assert 'satgate_requests_total{method="tools/call",status="200"} 1.0' in text
     assert 'satgate_tool_calls_total{outcome="ok",upstream="fake"} 1.0' in text
     assert "satgate_active_sessions 1.0" in text
+
+
+@pytest.mark.parametrize("path", ["/readyz", "/metrics"])
+@pytest.mark.parametrize(
+    ("headers", "status", "error"),
+    [
+        pytest.param({"Host": "attacker.example"}, 421, "host_not_allowed", id="rebound-host"),
+        pytest.param({"Origin": "http://attacker.example"}, 403, "origin_not_allowed", id="foreign-origin"),
+    ],
+)
+async def test_attack_dns_rebinding_reads_neither_readyz_nor_metrics(
+        gw: Gateway, path: str, headers: dict[str, str], status: int, error: str) -> None:
+    await assert_refusal(await gw.client.get(path, headers=headers), status, error)
+
+
+async def test_readyz_and_metrics_accept_a_listed_host(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(allowed_hosts=["gw.example"])
+    for path in ("/readyz", "/metrics"):
+        assert (await gw.client.get(path, headers={"Host": "gw.example"})).status == 200
+
+
+async def test_healthz_stays_open_for_liveness_probes(gw: Gateway) -> None:
+    """It says only "ok"; a probe may use any Host, so no rule can refuse it."""
+    resp = await gw.client.get("/healthz", headers={"Host": "10.0.0.7:9100"})
+    assert resp.status == 200
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        pytest.param(None, 401, id="missing"),
+        pytest.param("Bearer wrong", 401, id="wrong-token"),
+        pytest.param("Basic c2NyYXBlLXNlY3JldA==", 401, id="other-scheme"),
+        pytest.param("Bearer scrape-secret-extra", 401, id="longer-token"),
+        pytest.param("Bearer scrape-secret", 200, id="right-token"),
+        pytest.param("bearer scrape-secret", 200, id="scheme-is-case-insensitive"),
+    ],
+)
+async def test_metrics_token_is_required_when_set(gateway_factory: GatewayFactory, authorization: str | None,
+                                                  status: int) -> None:
+    gw = await gateway_factory(metrics_token="scrape-secret")
+    resp = await gw.client.get("/metrics", headers={"Authorization": authorization} if authorization else {})
+    if status == 200:
+        assert resp.status == 200
+        assert "satgate_requests_total" in await resp.text()
+    else:
+        body = await assert_refusal(resp, 401, "unauthorized")
+        assert "SATGATE_METRICS_TOKEN" in body["error"]["message"]
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert (await gw.client.get("/readyz")).status == 200  # the token guards /metrics only
+
+
+class DownPool(FakePool):
+    """An upstream that cannot be reached; like several raisers, it says nothing more than that."""
+
+    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                   ) -> JsonObj:
+        raise UpstreamUnavailable("upstream 'fake' is not running")
+
+
+async def test_upstream_unavailable_is_32010_never_mcps_resource_not_found(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(pool=DownPool())
+    session = await gw.initialize()
+    reply = await gw.rpc(session, call_tool(1, "echo"))
+    assert reply["error"]["code"] == -32010
+    assert reply["error"]["code"] != -32002  # MCP: resource not found
+    assert reply["error"]["data"]["error"] == "upstream_unavailable"
+
+
+# --- requests in flight (issue 9, hole 11) --------------------------------------------------------------
+
+
+def assert_too_many_in_flight(reply: JsonObj, request_id: RequestId) -> None:
+    assert reply["id"] == request_id
+    assert reply["error"]["code"] == jsonrpc.RATE_LIMITED
+    assert reply["error"]["data"] == {"error": "rate_limited", "retry_after_seconds": 1}
+
+
+async def test_attack_a_batch_larger_than_the_per_token_bound_gets_rate_limited_for_the_excess(
+        gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(authenticator=TokenNameAuthenticator(), max_inflight_per_token=3)
+    attacker = await gw.initialize("2025-03-26", token="tok-mallory")
+    batch = [call_tool(n, "block") for n in range(10)]
+    flood = asyncio.create_task(gw.post(batch, session=attacker, token="tok-mallory"))
+    await until(lambda: len(gw.pool.calls) == 3)
+
+    # the same token is refused at once while its three calls run; another token is served
+    assert_too_many_in_flight(await gw.rpc(attacker, call_tool(99, "echo"), token="tok-mallory"), 99)
+    other = await gw.initialize(token="tok-alice")
+    assert (await gw.rpc(other, call_tool(1, "echo", text="served"), token="tok-alice"))["result"]["content"][0][
+        "text"] == "served"
+
+    gw.pool.release.set()
+    replies = await (await asyncio.wait_for(flood, WAIT)).json()
+    assert [r["id"] for r in replies] == list(range(10))
+    assert [r for r in replies if "result" in r] == replies[:3]
+    for reply in replies[3:]:
+        assert_too_many_in_flight(reply, reply["id"])
+    assert [params["name"] for _, params in gw.pool.calls if params] == ["block"] * 3 + ["echo"]
+    assert gw.client.app is not None
+    assert gw.client.app[INFLIGHT].in_flight == 0
+
+
+async def test_the_process_bound_applies_across_tokens(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(authenticator=TokenNameAuthenticator(), max_inflight=2)
+    first = await gw.initialize("2025-03-26", token="tok-alice")
+    flood = asyncio.create_task(gw.post([call_tool(1, "block"), call_tool(2, "block")], session=first,
+                                        token="tok-alice"))
+    await until(lambda: len(gw.pool.calls) == 2)
+    other = await gw.initialize(token="tok-bob")
+    assert_too_many_in_flight(await gw.rpc(other, call_tool(7, "echo"), token="tok-bob"), 7)
+    gw.pool.release.set()
+    assert (await asyncio.wait_for(flood, WAIT)).status == 200
+    assert "result" in await gw.rpc(other, call_tool(8, "echo"), token="tok-bob")
+
+
+async def test_a_cancelled_call_gives_its_slot_back(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(authenticator=TokenNameAuthenticator(), max_inflight_per_token=1)
+    session = await gw.initialize(token="tok-alice")
+    blocked = asyncio.create_task(gw.post(call_tool(1, "block"), session=session, token="tok-alice"))
+    await asyncio.wait_for(gw.pool.started.wait(), WAIT)
+    await gw.post(jsonrpc.notification_message("notifications/cancelled", {"requestId": 1}), session=session,
+                  token="tok-alice")
+    assert (await (await asyncio.wait_for(blocked, WAIT)).json())["error"]["code"] == jsonrpc.REQUEST_CANCELLED
+    assert "result" in await gw.rpc(session, call_tool(2, "echo"), token="tok-alice")
+
+
+@pytest.mark.parametrize(
+    ("per_token", "total", "acquires"),
+    [
+        pytest.param(2, 10, [("a", True), ("a", True), ("a", False), ("b", True)], id="per-token-bound"),
+        pytest.param(5, 2, [("a", True), ("b", True), ("c", False), ("a", False)], id="process-bound"),
+        pytest.param(1, 1, [("a", True), ("a", False), ("b", False)], id="both-bounds-one"),
+    ],
+)
+def test_inflight_limiter_bounds(per_token: int, total: int, acquires: list[tuple[str, bool]]) -> None:
+    limiter = InflightLimiter(per_token=per_token, total=total)
+    for token_id, admitted in acquires:
+        assert limiter.try_acquire(token_id) is admitted
+    for token_id, admitted in acquires:
+        if admitted:
+            limiter.release(token_id)
+    assert limiter.in_flight == 0
+    assert limiter.held_by("a") == 0
+    limiter.release("a")  # an unmatched release never goes negative
+    assert limiter.in_flight == 0
+    assert limiter.room("a") == min(per_token, total)
