@@ -1,7 +1,12 @@
 # syntax=docker/dockerfile:1
 # satgate-mcp: two stages, so the final image carries the installed wheels and nothing used to build them.
 #   docker build -t satgate-mcp .
-#   docker run --init --stop-timeout 35 -p 9100:9100 --env-file satgate-mcp.env satgate-mcp
+#   export SATGATE_ROOT_KEY="$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')"  # keep it safe
+#   docker run --init --stop-timeout 35 -p 9100:9100 -e SATGATE_AUTH_MODE=header -e SATGATE_ROOT_KEY \
+#     -e SATGATE_UPSTREAMS='{"docs":{"transport":"http","url":"http://docs.internal:3001/mcp"}}' satgate-mcp
+#   docker run --rm -e SATGATE_ROOT_KEY satgate-mcp satgate-mcp token mint --id agent-1  # one agent's token
+# (or --env-file satgate-mcp.env with the same variables). The image listens on 0.0.0.0, so it refuses to
+# start in the default SATGATE_AUTH_MODE=none unless SATGATE_ALLOW_UNAUTHENTICATED=true says so on purpose.
 # --stop-timeout must exceed SATGATE_DRAIN_SECONDS (default 25; Docker's own default is 10 s), and --init
 # reaps any grandchild an upstream leaves behind (the gateway reaps its own children).
 

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from satgate_mcp.auth.base import Authenticator
 from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.auth.revocation import revocation_files
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.keys import (
@@ -69,6 +70,7 @@ def create_app(
         aclose = getattr(authenticator, "aclose", None)
         if aclose is not None:
             owned.append(aclose)
+    metrics.watch_revocation_files(revocation_files(getattr(authenticator, "revocations", None)))
     if pool is None:
         pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics)
     if policy is None:

@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, metavar="PATH",
                        help="env-style file of SATGATE_* settings (the environment wins)")
+    serve.add_argument("--handover", action="store_true",
+                       help="take over a port another satgate-mcp already listens on (SO_REUSEPORT "
+                            "handover; same as SATGATE_HANDOVER=true); without it such a start is refused")
 
     token = commands.add_parser("token", help="mint, inspect or revoke bearer tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
@@ -148,7 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem := _missing_config(args.config):
         return _fail(problem)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, **({"handover": True} if args.handover else {}))
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
         return EXIT_USAGE

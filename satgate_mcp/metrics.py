@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -28,5 +33,45 @@ class Metrics:
         self.upstream_restarts = Counter("satgate_upstream_restarts", "Upstream restarts or reconnects",
                                          ["upstream"], registry=r)
 
+    def watch_revocation_files(self, files: Sequence[WatchedFile]) -> None:
+        """Export the revocation files' health; a no-op when none is configured."""
+        if files:
+            self.registry.register(_RevocationFileCollector(files))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class WatchedFile(Protocol):
+    """What a revocation file store reports (``FileRevocationStore`` fits)."""
+
+    problem: str
+    problems: int
+
+    def check(self) -> None: ...
+
+
+class _RevocationFileCollector(Collector):
+    """Read at scrape time, after a fresh check: an idle gateway still shows a deleted file."""
+
+    def __init__(self, files: Sequence[WatchedFile]) -> None:
+        self._files = tuple(files)
+
+    def describe(self) -> Iterator[Metric]:
+        """Registration asks for names only: no file check before the first lookup."""
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        for watched in self._files:
+            watched.check()
+        return self._families()
+
+    def _families(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "satgate_revocation_file_errors",
+            "Times the revocation file went missing or unreadable (the last known ids stay revoked)",
+            value=sum(watched.problems for watched in self._files))
+        yield GaugeMetricFamily(
+            "satgate_revocation_file_unusable",
+            "1 while the revocation file is missing or unreadable and the last known ids are enforced",
+            value=float(any(watched.problem for watched in self._files)))

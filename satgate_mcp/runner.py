@@ -6,8 +6,9 @@ A restart is invisible to a client only if its connection is never refused and i
 flight is never cut (the official Python SDK client drops its whole session on either). So:
 
 - the listening socket comes from systemd (``LISTEN_FDS``: systemd holds the port and queues
-  connections while no process accepts) or is bound with ``SO_REUSEPORT`` (the next process binds
-  the same port and the kernel shares new connections between both until the old one leaves);
+  connections while no process accepts) or is bound with ``SO_REUSEPORT`` (the next process, started
+  with ``--handover``, binds the same port and the kernel shares new connections between both until
+  the old one leaves; a start without it refuses a port someone listens on);
 - the listener is opened only once the app is set up and its upstreams are ready, so the kernel
   never hands a connection to a process that would fail its calls;
 - on SIGTERM/SIGINT the listener closes first (connections already queued on a bound socket are
@@ -112,6 +113,46 @@ class BindAddress:
     dual_stack: bool = False
 
 
+def is_loopback_host(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` (also IPv4-mapped) or ``localhost``: reachable from this machine only.
+
+    Any other name counts as public: what it resolves to is not this check's to trust.
+    """
+    text = host.strip().removeprefix("[").removesuffix("]").split("%", 1)[0].rstrip(".").lower()
+    if text == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def unauthenticated_exposure(auth_mode: str, allow_unauthenticated: bool, hosts: Iterable[str]) -> str | None:
+    """Why ``none`` auth must not serve these addresses, or None when it may (or auth is on)."""
+    if auth_mode != "none" or allow_unauthenticated:
+        return None
+    public = [host for host in hosts if not is_loopback_host(host)]
+    if not public:
+        return None
+    return (f"refusing to serve SATGATE_AUTH_MODE=none on {public[0] or '0.0.0.0'} (not loopback): anyone who "
+            "reaches the port may call every tool. Set SATGATE_AUTH_MODE=header with SATGATE_ROOT_KEY (32+ random "
+            "characters) and give each agent a token from `satgate-mcp token mint --id ID`, or set "
+            "SATGATE_ALLOW_UNAUTHENTICATED=true to accept that")
+
+
+BindAction = Literal["bind", "take_over", "refuse"]
+
+
+def bind_action(*, listener_found: bool, handover: bool) -> BindAction:
+    """A port someone already listens on is shared (SO_REUSEPORT) only by a start that says it takes over."""
+    if not listener_found:
+        return "bind"
+    return "take_over" if handover else "refuse"
+
+
 def bind_address(host: str) -> BindAddress:
     """Which address family ``SATGATE_HOST`` asks for; ``::`` also takes IPv4 (dual stack)."""
     text = host.strip()
@@ -163,8 +204,45 @@ def adopt_fd(inherited: InheritedFd) -> Listener:
     return Listener(sock, "systemd", inherited.name, host, port)
 
 
-def bind_socket(host: str, port: int, *, reuse_port: bool) -> Listener:
-    """Bind without listening: the kernel routes nothing to us until ``listen()`` after the app is ready."""
+def _new_socket(family: socket.AddressFamily, *, reuse_port: bool, dual_stack: bool) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def someone_listens(family: socket.AddressFamily, sockaddr: tuple[str, int], *, dual_stack: bool) -> bool:
+    """Whether a socket already *listens* on this address and port (any process, with or without SO_REUSEPORT).
+
+    A probe binds without SO_REUSEPORT but with SO_REUSEADDR: Linux then refuses the bind (EADDRINUSE)
+    only because of a socket in LISTEN state on an overlapping address, never because of connections
+    left in TIME_WAIT (or still open) after the previous process died.
+    """
+    if sockaddr[1] == 0:
+        return False  # an ephemeral port is never taken
+    probe = _new_socket(family, reuse_port=False, dual_stack=dual_stack)
+    try:
+        probe.bind(sockaddr)
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE  # anything else: the real bind reports it
+    finally:
+        probe.close()
+    return False
+
+
+def bind_socket(host: str, port: int, *, reuse_port: bool, handover: bool = False) -> Listener:
+    """Bind without listening: the kernel routes nothing to us until ``listen()`` after the app is ready.
+
+    With SO_REUSEPORT a second process could silently share a port a running gateway listens on
+    (requests would alternate between two configurations), so that is refused unless ``handover``.
+    """
     where = bind_address(host)
     family, sockaddr = where.family, (where.host, port)
     if family is None:
@@ -173,16 +251,24 @@ def bind_socket(host: str, port: int, *, reuse_port: bool) -> Listener:
         except socket.gaierror as exc:
             raise ListenError(f"SATGATE_HOST={host!r} does not resolve ({exc.strerror})") from None
         family, sockaddr = infos[0][0], (str(infos[0][4][0]), int(infos[0][4][1]))
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    if reuse_port:
+        found = someone_listens(family, sockaddr, dual_stack=where.dual_stack)
+        action = bind_action(listener_found=found, handover=handover)
+        if action == "refuse":
+            raise ListenError(
+                f"refusing to bind {host}:{port}: another process already listens there (a running satgate-mcp?) "
+                "and sharing it would split requests between two gateways; to take it over, start with "
+                "SATGATE_HANDOVER=true or `satgate-mcp serve --handover`, then stop the old process")
+        if handover:
+            log.info("handover", host=host, port=port, listener_found=found)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if where.dual_stack else 1)
-        sock.bind(sockaddr)
+        sock = _new_socket(family, reuse_port=reuse_port, dual_stack=where.dual_stack)
+        try:
+            sock.bind(sockaddr)
+        except OSError:
+            sock.close()
+            raise
     except OSError as exc:
-        sock.close()
         hint = " (another process holds it without SO_REUSEPORT?)" if exc.errno == errno.EADDRINUSE else ""
         raise ListenError(f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
     sock.setblocking(False)
@@ -195,13 +281,30 @@ def clear_listen_env(environ: MutableMapping[str, str]) -> None:
         environ.pop(key, None)
 
 
+class ExposureRefused(ConfigError):
+    """``none`` auth on a public address without the opt-in: the CLI prints the one line and exits 2."""
+
+
 def acquire_listeners(settings: Settings, environ: MutableMapping[str, str], pid: int) -> list[Listener]:
-    """Inherited sockets when systemd passed some, else one socket bound to ``SATGATE_HOST:SATGATE_PORT``."""
+    """Inherited sockets when systemd passed some, else one socket bound to ``SATGATE_HOST:SATGATE_PORT``.
+
+    Inherited sockets are never refused as taken (systemd owns them, and the previous process may
+    still accept on them), but their real addresses, not ``SATGATE_HOST``, decide the auth rule.
+    """
     inherited = systemd_fds(environ, pid)
     clear_listen_env(environ)
     if inherited:
-        return [adopt_fd(fd) for fd in inherited]
-    return [bind_socket(settings.host, settings.port, reuse_port=settings.reuse_port)]
+        listeners = [adopt_fd(fd) for fd in inherited]
+        hosts = [lst.host for lst in listeners if lst.port is not None]  # AF_UNIX: local by nature
+    else:
+        listeners, hosts = [], [settings.host]
+    if problem := unauthenticated_exposure(settings.auth_mode, settings.allow_unauthenticated, hosts):
+        for lst in listeners:
+            lst.sock.close()
+        raise ExposureRefused(problem)
+    if inherited:
+        return listeners
+    return [bind_socket(settings.host, settings.port, reuse_port=settings.reuse_port, handover=settings.handover)]
 
 
 # ---------------------------------------------------------------- systemd notify
@@ -506,7 +609,9 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     """Serve until a signal, drain, clean up; return the process exit code."""
     loop = asyncio.get_running_loop()
     try:
-        listeners = acquire_listeners(settings, environ, pid)  # before startup: a taken port fails fast
+        # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
+        # configuration error: it propagates to the CLI, which prints its one line and exits 2.
+        listeners = acquire_listeners(settings, environ, pid)
     except ListenError as exc:
         log.error("listen_failed", error=str(exc))
         return EXIT_FAILURE

@@ -109,7 +109,44 @@ def test_serve_refuses_bad_settings_with_one_line(env: dict[str, str], variable:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("host", [pytest.param("0.0.0.0", id="ipv4-any"), pytest.param("::", id="ipv6-any"),
+                                  pytest.param("gw.example.com", id="a-name")])
+def test_attack_none_auth_on_a_public_address_refuses_to_start_with_one_line(host: str) -> None:
+    result = run("serve", SATGATE_HOST=host, SATGATE_PORT="1")  # refused before binding: the port never matters
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for needed in ("SATGATE_ALLOW_UNAUTHENTICATED=true", "SATGATE_AUTH_MODE=header", "SATGATE_ROOT_KEY",
+                   "satgate-mcp token mint"):
+        assert needed in lines[0]
+    assert "Traceback" not in result.stderr
+
+
 # --- main() in process ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "handover"),
+    [
+        pytest.param(["serve"], {}, False, id="default"),
+        pytest.param(["serve", "--handover"], {}, True, id="flag"),
+        pytest.param(["serve"], {"SATGATE_HANDOVER": "true"}, True, id="env-var"),
+    ],
+)
+def test_serve_handover_comes_from_the_flag_or_the_environment(
+    no_satgate_env: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], handover: bool
+) -> None:
+    for name, value in env.items():
+        no_satgate_env.setenv(name, value)
+    seen: list[Settings] = []
+    runner = types.ModuleType("satgate_mcp.runner")
+    runner.serve = seen.append  # type: ignore[attr-defined]
+    no_satgate_env.setitem(sys.modules, "satgate_mcp.runner", runner)
+    import satgate_mcp.logs
+
+    no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
+    assert cli.main(argv) == 0
+    assert seen[0].handover is handover
 
 
 def test_serve_loads_the_config_file_then_logging_then_the_runner(

@@ -92,14 +92,20 @@ def _file_signature(st: os.stat_result) -> FileSignature:
 
 
 class FileRevocationStore:
-    """The file named by ``SATGATE_REVOCATION_FILE``, re-read when it changes.
+    """The file named by ``SATGATE_REVOCATION_FILE``, re-read when it changes; it fails closed.
 
     A lookup stats the file at most once per ``check_interval`` and re-reads it only when inode,
     size or mtime changed. That beats a poller task here: nothing to start or cancel (the CLI and
     tests use the same object), an injected clock makes it deterministic, an idle daemon does no
     I/O, and a busy one does at most four ``stat`` calls a second while still seeing an edit, an
-    append, or an atomic replace (new inode) within ``check_interval``. A missing file means
-    nothing is revoked yet; an unreadable one keeps the last ids it read (and logs why).
+    append, or an atomic replace (new inode) within ``check_interval``.
+
+    The set only grows while the process lives: an id once revoked stays revoked until restart,
+    even if the file is deleted, renamed away, turns unreadable or is rewritten without it (a
+    deleted or half-written file must never un-revoke a leaked token). A rotation (new file renamed
+    over the old) adds what the new file names. A file that never existed yet is simply "nothing
+    revoked"; once it was read, its absence is a problem like any read error: each new problem is
+    logged once and counted in ``problems`` (``satgate_revocation_file_errors_total``).
     """
 
     def __init__(
@@ -114,40 +120,50 @@ class FileRevocationStore:
         self._interval = check_interval
         self._next_check = float("-inf")
         self._signature: FileSignature | None = None
-        self._ids: frozenset[str] = frozenset()
-        self._added: set[str] = set()
-        self._last_error = ""
+        self._ids: set[str] = set()
+        #: What is wrong with the file at the last check ("" when it was read fine, or never existed).
+        self.problem = ""
+        #: How many times the file went from usable to a problem (or from one problem to another).
+        self.problems = 0
 
     async def is_revoked(self, token_id: str) -> bool:
-        self._refresh()
-        return token_id in self._ids or token_id in self._added
+        self.check()
+        return token_id in self._ids
 
-    def _refresh(self) -> None:
+    def check(self) -> None:
+        """Pick up a change of the file, at most once per ``check_interval`` (lookups and /metrics call it)."""
         now = self._clock()
         if now < self._next_check:
             return
         self._next_check = now + self._interval
         try:
             signature = _file_signature(self.path.stat())
-            if signature == self._signature:
-                return
-            text = self.path.read_bytes().decode("utf-8", errors="replace")
+            if signature != self._signature:
+                self._ids |= parse_revocation_text(self.path.read_bytes().decode("utf-8", errors="replace"))
+                self._signature = signature
         except FileNotFoundError:
-            self._signature, self._ids, self._added = None, frozenset(), set()
-            return
+            self._note_problem("missing" if self._signature is not None else "")
         except OSError as exc:
-            message = f"{type(exc).__name__}: {exc.strerror or exc}"
-            if message != self._last_error:
-                _log.warning("revocation_file_unreadable", path=str(self.path), error=message)
-                self._last_error = message
+            self._note_problem(f"{type(exc).__name__}: {exc.strerror or exc}")
+        else:
+            self._note_problem("")
+
+    def _note_problem(self, problem: str) -> None:
+        """Log each change of state once: a problem while it lasts, and the recovery."""
+        if problem == self.problem:
             return
-        self._last_error = ""
-        self._signature, self._ids, self._added = signature, parse_revocation_text(text), set()
+        if problem:
+            self.problems += 1
+            _log.warning("revocation_file_unusable", path=str(self.path), problem=problem,
+                         kept_revoked_ids=len(self._ids))
+        else:
+            _log.info("revocation_file_readable", path=str(self.path), revoked_ids=len(self._ids))
+        self.problem = problem
 
     async def revoke(self, token_id: str) -> None:
         check_token_id(token_id)
         await asyncio.to_thread(append_revocation, self.path, token_id)
-        self._added.add(token_id)
+        self._ids.add(token_id)
 
     async def aclose(self) -> None:
         return None
@@ -181,7 +197,8 @@ class RedisRevocationStore:
     """A Redis set shared by every gateway process; answers are cached locally for ``cache_seconds``.
 
     The cache bounds the round trips on the hot path while keeping a revocation visible within
-    ``cache_seconds`` (0.5 s by default, under the one second the gateway promises).
+    ``cache_seconds`` (0.5 s by default, under the one second the gateway promises). An id seen
+    revoked stays revoked in this process until restart, as with the file.
     """
 
     def __init__(
@@ -201,8 +218,12 @@ class RedisRevocationStore:
         self._clock = clock
         self._max_cached = max_cached
         self._cache: dict[str, tuple[bool, float]] = {}
+        #: Ids seen revoked: they stay revoked in this process, like the file's (bounded by the set's size).
+        self._revoked: set[str] = set()
 
     async def is_revoked(self, token_id: str) -> bool:
+        if token_id in self._revoked:
+            return True
         now = self._clock()
         hit = self._cache.get(token_id)
         if hit is not None and hit[1] > now:
@@ -211,12 +232,14 @@ class RedisRevocationStore:
         if len(self._cache) >= self._max_cached:
             self._cache.clear()
         self._cache[token_id] = (revoked, now + self._cache_seconds)
+        if revoked:
+            self._revoked.add(token_id)
         return revoked
 
     async def revoke(self, token_id: str) -> None:
         check_token_id(token_id)
         await self._redis.sadd(self._key, token_id)
-        self._cache[token_id] = (True, self._clock() + self._cache_seconds)
+        self._revoked.add(token_id)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -242,6 +265,15 @@ class UnionRevocationStore:
         for store in self.stores:
             with contextlib.suppress(Exception):
                 await store.aclose()
+
+
+def revocation_files(store: object) -> list[FileRevocationStore]:
+    """The watched files inside ``store`` (a union's members too): what /metrics reports on."""
+    if isinstance(store, FileRevocationStore):
+        return [store]
+    if isinstance(store, UnionRevocationStore):
+        return [found for member in store.stores for found in revocation_files(member)]
+    return []
 
 
 class RevocationSettings(Protocol):

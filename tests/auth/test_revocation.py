@@ -6,12 +6,18 @@ import asyncio
 import multiprocessing
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import SecretStr
+from pytest_aiohttp import AiohttpClient
+from structlog.testing import capture_logs
 
+from satgate_mcp.app import create_app
+from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.auth.revocation import (
     FileRevocationStore,
     MemoryRevocationStore,
@@ -19,9 +25,12 @@ from satgate_mcp.auth.revocation import (
     UnionRevocationStore,
     append_revocation,
     parse_revocation_text,
+    revocation_files,
     revocation_store_from_settings,
 )
-from tests.fakes import FakeClock
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import Settings
+from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -83,7 +92,7 @@ async def test_file_store_sees_an_append_after_one_check_interval(tmp_path: Path
     assert await store.is_revoked("tok-b"), "seen well within one second"
 
 
-async def test_file_store_follows_an_atomic_replace_and_a_removal(tmp_path: Path) -> None:
+async def test_file_store_follows_a_rotation(tmp_path: Path) -> None:
     path = tmp_path / "revoked"
     path.write_text("tok-a\n")
     clock = FakeClock()
@@ -92,14 +101,126 @@ async def test_file_store_follows_an_atomic_replace_and_a_removal(tmp_path: Path
 
     tmp = tmp_path / "revoked.new"
     tmp.write_text("tok-z\n")
-    os.replace(tmp, path)  # same size, new inode
+    os.replace(tmp, path)  # write the new file, rename it over the old: same size, new inode
     clock.advance(1)
-    assert await store.is_revoked("tok-z")
-    assert not await store.is_revoked("tok-a"), "un-revoking by editing the file works too"
+    assert await store.is_revoked("tok-z"), "the rotated file's ids are picked up"
+    assert await store.is_revoked("tok-a"), "and nothing revoked before comes back to life"
+    assert store.problems == 0
+
+
+def _delete(path: Path) -> None:
+    path.unlink()
+
+
+def _rename_away(path: Path) -> None:
+    path.rename(path.with_name("revoked.old"))
+
+
+def _rotate_without_the_id(path: Path) -> None:
+    fresh = path.with_name("revoked.new")
+    fresh.write_text("tok-other\n")
+    os.replace(fresh, path)
+
+
+def _rewrite_without_the_id(path: Path) -> None:
+    path.write_text("")  # truncated in place, as a half-finished rewrite would leave it
+
+
+def _directory_in_its_place(path: Path) -> None:
+    path.unlink()
+    path.mkdir()  # unreadable even as root (chmod 000 is not): reading it fails with IsADirectoryError
+
+
+@pytest.mark.parametrize(
+    ("attack", "problem"),
+    [
+        pytest.param(_delete, "missing", id="delete"),
+        pytest.param(_rename_away, "missing", id="rename-away"),
+        pytest.param(_rotate_without_the_id, "", id="replace-with-a-file-lacking-the-id"),
+        pytest.param(_rewrite_without_the_id, "", id="rewrite-in-place-without-the-id"),
+        pytest.param(_directory_in_its_place, "IsADirectoryError: Is a directory", id="unreadable"),
+    ],
+)
+async def test_attack_removing_the_revocation_file_keeps_the_token_revoked(
+    tmp_path: Path, attack: Callable[[Path], None], problem: str
+) -> None:
+    path = tmp_path / "revoked"
+    path.write_text("tok-leaked\n")
+    clock = FakeClock()
+    store = FileRevocationStore(path, clock=clock)
+    assert await store.is_revoked("tok-leaked")
+
+    with capture_logs() as logs:
+        attack(path)
+        for _ in range(3):  # several checks: still revoked, and the problem is logged once
+            clock.advance(1)
+            assert await store.is_revoked("tok-leaked"), "revoked until restart"
+    assert not await store.is_revoked("tok-innocent")
+    assert store.problem == problem
+    warnings = [e for e in logs if e["event"] == "revocation_file_unusable"]
+    assert [w["problem"] for w in warnings] == ([problem] if problem else [])
+    assert store.problems == len(warnings)
+
+
+async def test_revocation_file_problems_are_counted_and_the_recovery_is_logged(tmp_path: Path) -> None:
+    path = tmp_path / "revoked"
+    path.write_text("tok-a\n")
+    clock = FakeClock()
+    store = FileRevocationStore(path, clock=clock)
+    assert await store.is_revoked("tok-a")
+
+    async def step() -> None:
+        clock.advance(1)
+        await store.is_revoked("tok-a")
+
+    with capture_logs() as logs:
+        path.unlink()
+        await step()
+        path.mkdir()
+        await step()
+        path.rmdir()
+        path.write_text("tok-b\n")
+        await step()
+    assert [(e["event"], e.get("problem")) for e in logs] == [
+        ("revocation_file_unusable", "missing"),
+        ("revocation_file_unusable", "IsADirectoryError: Is a directory"),
+        ("revocation_file_readable", None),
+    ]
+    assert (store.problems, store.problem) == (2, "")
+    assert await store.is_revoked("tok-a")
+    assert await store.is_revoked("tok-b")
+
+
+async def test_a_revocation_file_that_never_existed_is_nothing_revoked_not_a_problem(tmp_path: Path) -> None:
+    store = FileRevocationStore(tmp_path / "revoked", clock=FakeClock())
+    with capture_logs() as logs:
+        assert not await store.is_revoked("tok-a")
+    assert (logs, store.problems, store.problem) == ([], 0, "")
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, text
+    return values[0]
+
+
+async def test_metrics_count_revocation_file_problems_without_any_lookup(tmp_path: Path) -> None:
+    path = tmp_path / "revoked"
+    path.write_text("tok-a\n")
+    clock = FakeClock()
+    store = FileRevocationStore(path, clock=clock)
+    metrics = Metrics()
+    metrics.watch_revocation_files(revocation_files(UnionRevocationStore([MemoryRevocationStore(), store])))
+    page = metrics.render().decode()
+    assert (_metric(page, "satgate_revocation_file_errors_total"),
+            _metric(page, "satgate_revocation_file_unusable")) == (0, 0)
 
     path.unlink()
     clock.advance(1)
-    assert not await store.is_revoked("tok-z")
+    page = metrics.render().decode()  # the scrape itself checks the file: an idle gateway still tells
+    assert (_metric(page, "satgate_revocation_file_errors_total"),
+            _metric(page, "satgate_revocation_file_unusable")) == (1, 1)
+    assert await store.is_revoked("tok-a")
 
 
 async def test_file_store_missing_file_then_created(tmp_path: Path) -> None:
@@ -108,18 +229,6 @@ async def test_file_store_missing_file_then_created(tmp_path: Path) -> None:
     store = FileRevocationStore(path, clock=clock)
     assert not await store.is_revoked("tok-a")
     path.write_text("tok-a\n")
-    clock.advance(1)
-    assert await store.is_revoked("tok-a")
-
-
-async def test_file_store_keeps_last_ids_when_the_file_turns_unreadable(tmp_path: Path) -> None:
-    path = tmp_path / "revoked"
-    path.write_text("tok-a\n")
-    clock = FakeClock()
-    store = FileRevocationStore(path, clock=clock)
-    assert await store.is_revoked("tok-a")
-    path.unlink()
-    path.mkdir()  # reading it now fails with IsADirectoryError
     clock.advance(1)
     assert await store.is_revoked("tok-a")
 
@@ -230,6 +339,60 @@ async def test_redis_store_is_shared_and_caches_briefly(redis_key: str) -> None:
         await writer.aclose()
 
 
+async def test_attack_removing_an_id_from_redis_keeps_the_token_revoked(redis_key: str) -> None:
+    import redis.asyncio as aioredis
+
+    clock = FakeClock()
+    store = RedisRevocationStore(REDIS_URL, key=redis_key, clock=clock)
+    admin = aioredis.from_url(REDIS_URL)
+    try:
+        await admin.sadd(redis_key, "tok-leaked")
+        assert await store.is_revoked("tok-leaked")
+        await admin.delete(redis_key)
+        clock.advance(60)
+        assert await store.is_revoked("tok-leaked"), "revoked until restart"
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
 def test_a_directory_is_not_a_revocation_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is a directory"):
         revocation_store_from_settings(SimpleNamespace(revocation_file=tmp_path, redis_url=None))
+
+
+# --- through the gateway ---------------------------------------------------------------------------
+
+GATEWAY_KEY = "revocation-tests-root-key-0123456789abcdef"
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}
+
+
+async def test_attack_deleting_the_revocation_file_under_a_gateway_keeps_refusing_and_shows_in_metrics(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    path = tmp_path / "revoked"
+    path.write_text("tok-leaked\n")
+    clock = FakeClock()
+    settings = Settings(auth_mode="header", root_key=SecretStr(GATEWAY_KEY), revocation_file=path)
+    auth = authenticator_from_settings(settings, revocations=FileRevocationStore(path, clock=clock))
+    client = await aiohttp_client(create_app(settings, authenticator=auth, pool=FakePool(["echo"]),
+                                             policy=AllowAllPolicy()))
+    headers = {"Authorization": f"Bearer {mint_token(GATEWAY_KEY, 'tok-leaked')}",
+               "Accept": "application/json, text/event-stream"}
+
+    async def initialize_status() -> int:
+        async with client.post("/mcp", json=INITIALIZE, headers=headers) as answer:
+            return answer.status
+
+    async def metric(name: str) -> float:
+        async with client.get("/metrics") as answer:
+            return _metric(await answer.text(), name)
+
+    assert await initialize_status() == 403
+    path.unlink()
+    clock.advance(1)
+    assert await initialize_status() == 403, "deleting the file un-revokes nothing"
+    assert await metric("satgate_revocation_file_errors_total") == 1
+    assert await metric("satgate_revocation_file_unusable") == 1

@@ -26,8 +26,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from satgate_mcp.auth.macaroons import mint_token
 from tests.conftest import pid_alive as pid_alive  # re-exported for the restart tests
-from tests.gateway_process import EXIT_TIMEOUT, SERVE, base_env, stdio_upstreams
+from tests.gateway_process import EXIT_TIMEOUT, base_env, stdio_upstreams
 from tests.gateway_process import REPO as REPO  # re-exported for the restart tests
+from tests.gateway_process import SERVE as SERVE  # re-exported for the restart tests
 from tests.gateway_process import free_port as free_port  # re-exported for the restart tests
 
 ROOT_KEY = "deploy-tests-root-key-0123456789abcdef-xyz"
@@ -49,18 +50,18 @@ os.execv(sys.executable, [sys.executable, "-m", "satgate_mcp", "serve"])
 
 
 def gateway_env(port: int, **extra: str) -> dict[str, str]:
-    env = base_env()
-    env.update(
-        SATGATE_PORT=str(port),
-        SATGATE_AUTH_MODE="header",
-        SATGATE_ROOT_KEY=ROOT_KEY,
-        SATGATE_UPSTREAMS=stdio_upstreams("up"),
-        SATGATE_LOG_FORMAT="json",
-        SATGATE_LOG_LEVEL="INFO",
-        PYTHONUNBUFFERED="1",
+    """What every test gateway gets; ``extra`` adds or overrides."""
+    return {
+        **base_env(),
+        "SATGATE_PORT": str(port),
+        "SATGATE_AUTH_MODE": "header",
+        "SATGATE_ROOT_KEY": ROOT_KEY,
+        "SATGATE_UPSTREAMS": stdio_upstreams("up"),
+        "SATGATE_LOG_FORMAT": "json",
+        "SATGATE_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
         **extra,
-    )
-    return env
+    }
 
 
 def token(token_id: str = "deploy-test") -> str:
@@ -149,11 +150,12 @@ class Gateways:
         self.started: list[Gateway] = []
 
     async def start(self, env: dict[str, str], *, name: str, pass_fd: int | None = None,
-                    wrapper: list[str] | None = None) -> Gateway:
-        """``wrapper`` (e.g. systemd-socket-activate) runs in front of the gateway and execs it."""
+                    wrapper: list[str] | None = None, args: tuple[str, ...] = ()) -> Gateway:
+        """``wrapper`` (e.g. systemd-socket-activate) runs in front of the gateway and execs it;
+        ``args`` follow ``serve`` (e.g. ``--handover``)."""
         fds: tuple[int, ...] = ()
         if pass_fd is None:
-            argv = [*(wrapper or []), *SERVE]
+            argv = [*(wrapper or []), *SERVE, *args]
         else:
             argv = [sys.executable, "-c", _SYSTEMD_EXEC]
             env = {**env, "HARNESS_LISTEN_FD": str(pass_fd)}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from satgate_mcp.runner import unauthenticated_exposure
 from satgate_mcp.settings import ENV_PREFIX, Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +66,10 @@ def test_fly_config_drains_before_the_kill_and_keeps_secrets_out() -> None:
     assert [check["path"] for check in service["checks"]] == ["/readyz"]
     assert not set(fly["env"]) & set(SECRETS)
     assert "fly secrets set SATGATE_ROOT_KEY" in (REPO / "fly.toml").read_text()
+    # Fly's proxy reaches the machine on 0.0.0.0: the config must not rely on unauthenticated mode.
+    assert unauthenticated_exposure(fly["env"].get("SATGATE_AUTH_MODE", "none"),
+                                    fly["env"].get("SATGATE_ALLOW_UNAUTHENTICATED", "false") == "true",
+                                    [fly["env"]["SATGATE_HOST"]]) is None
 
 
 def test_systemd_service_drains_before_the_kill_and_is_hardened() -> None:

@@ -24,6 +24,7 @@ import pytest
 
 from tests.deploy.harness import (
     REPO,
+    SERVE,
     Gateway,
     Gateways,
     LoopStats,
@@ -36,6 +37,7 @@ from tests.deploy.harness import (
     sdk_call_loop,
     token,
 )
+from tests.gateway_process import base_env
 
 #: Calls each loop must complete in each phase (before, across and after the handover).
 CALLS_PER_PHASE = 40
@@ -60,8 +62,8 @@ async def assert_clean_exit(gateway: Gateway) -> None:
     assert not [pid for pid in gateway.upstream_pids() if pid_alive(pid)], "upstream child left behind"
 
 
-async def handover(gateways: Gateways, port: int, env: dict[str, str], pass_fd: int | None = None
-                   ) -> tuple[Gateway, Gateway]:
+async def handover(gateways: Gateways, port: int, env: dict[str, str], pass_fd: int | None = None,
+                   new_args: tuple[str, ...] = ()) -> tuple[Gateway, Gateway]:
     """Old serves, new starts and gets ready, old gets SIGTERM, new serves on: loops run throughout."""
     old = await gateways.start(env, name="old", pass_fd=pass_fd)
     await old.wait_event("listening")
@@ -74,7 +76,7 @@ async def handover(gateways: Gateways, port: int, env: dict[str, str], pass_fd: 
                                  fresh_connection_loop(port, connects, stop))
         try:
             await calls.reach(CALLS_PER_PHASE)
-            new = await gateways.start(env, name="new", pass_fd=pass_fd)
+            new = await gateways.start(env, name="new", pass_fd=pass_fd, args=new_args)
             await new.wait_event("listening")
             await asyncio.gather(calls.reach(CALLS_PER_PHASE), connects.reach(CALLS_PER_PHASE))
             old.signal(signal.SIGTERM)
@@ -91,11 +93,148 @@ async def handover(gateways: Gateways, port: int, env: dict[str, str], pass_fd: 
 
 async def test_reuse_port_handover_refuses_nothing_and_fails_no_call(gateways: Gateways) -> None:
     port = free_port()
-    old, new = await handover(gateways, port, gateway_env(port, SATGATE_REUSE_PORT="true"))
+    old, new = await handover(gateways, port, gateway_env(port, SATGATE_REUSE_PORT="true"), new_args=("--handover",))
     assert ((await old.wait_event("listening"))["source"], (await new.wait_event("listening"))["source"]) == (
         "bind", "bind")
+    assert (await new.wait_event("handover"))["listener_found"] is True
     new.signal(signal.SIGTERM)
     await assert_clean_exit(new)
+
+
+def light_env(port: int, **extra: str) -> dict[str, str]:
+    """A gateway without upstreams: these tests are about the port and auth rules, and start faster."""
+    return gateway_env(port, **{"SATGATE_UPSTREAMS": "{}", **extra})
+
+
+async def healthz(port: int) -> int:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz",
+                                                         timeout=aiohttp.ClientTimeout(total=10)) as response:
+        return response.status
+
+
+async def test_attack_second_plain_start_on_a_live_gateways_port_is_refused(gateways: Gateways) -> None:
+    port = free_port()
+    old = await gateways.start(light_env(port), name="old")
+    await old.wait_event("listening")
+    second = await gateways.start(light_env(port), name="second")
+    assert await second.exited() == 1, second.tail()
+    failed = second.find("listen_failed")
+    assert len(failed) == 1, second.tail()
+    assert "another process already listens there" in failed[0]["error"]
+    assert "SATGATE_HANDOVER=true" in failed[0]["error"]
+    assert "--handover" in failed[0]["error"]
+    assert not second.find("upstream_spawned"), "nothing starts when the port is refused"
+    assert await healthz(port) == 200, "the running gateway keeps the port to itself"
+    old.signal(signal.SIGTERM)
+    await assert_clean_exit(old)
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        pytest.param({"SATGATE_HANDOVER": "true"}, (), id="env-var"),
+        pytest.param({}, ("--handover",), id="flag"),
+    ],
+)
+async def test_a_handover_start_takes_over_a_listened_port(
+    gateways: Gateways, env: dict[str, str], args: tuple[str, ...]
+) -> None:
+    port = free_port()
+    old = await gateways.start(light_env(port), name="old")
+    await old.wait_event("listening")
+    new = await gateways.start(light_env(port, **env), name="new", args=args)
+    assert (await new.wait_event("handover"))["listener_found"] is True
+    await new.wait_event("listening")
+    old.signal(signal.SIGTERM)
+    await assert_clean_exit(old)
+    assert await healthz(port) == 200, "the new process serves on alone"
+    new.signal(signal.SIGTERM)
+    await assert_clean_exit(new)
+
+
+async def test_a_handover_start_with_nothing_to_take_over_starts_normally(gateways: Gateways) -> None:
+    port = free_port()
+    gateway = await gateways.start(light_env(port), name="gateway", args=("--handover",))
+    assert (await gateway.wait_event("handover"))["listener_found"] is False
+    await gateway.wait_event("listening")
+    assert await healthz(port) == 200
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)
+
+
+async def test_after_the_old_gateway_was_killed_a_plain_start_takes_the_port(gateways: Gateways) -> None:
+    """No listener is left after SIGKILL; the connections it leaves (FIN_WAIT, TIME_WAIT) must not count."""
+    port = free_port()
+    old = await gateways.start(light_env(port), name="old")
+    await old.wait_event("listening")
+    async with aiohttp.ClientSession() as http:  # a keep-alive connection open while the old one dies
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+            assert response.status == 200
+        old.kill_everything()
+        assert await old.exited() == -signal.SIGKILL
+    assert tcp_states(port) - {"LISTEN"}, "premise: connections of the killed process outlive it"
+    assert "LISTEN" not in tcp_states(port)
+    new = await gateways.start(light_env(port), name="new")
+    await new.wait_event("listening")
+    assert not new.find("listen_failed")
+    assert await healthz(port) == 200
+    new.signal(signal.SIGTERM)
+    await assert_clean_exit(new)
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "08": "CLOSE_WAIT",
+               "0A": "LISTEN"}
+
+
+def tcp_states(port: int) -> set[str]:
+    """States of the IPv4 sockets on ``port`` (Linux /proc/net/tcp), to check a test's premise."""
+    states = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            states.add(_TCP_STATES.get(fields[3], fields[3]))
+    return states
+
+
+async def test_none_auth_on_a_public_address_starts_with_the_opt_in(gateways: Gateways) -> None:
+    port = free_port()
+    env = light_env(port, SATGATE_HOST="0.0.0.0", SATGATE_AUTH_MODE="none", SATGATE_ALLOW_UNAUTHENTICATED="true")
+    gateway = await gateways.start(env, name="gateway")
+    listening = await gateway.wait_event("listening")
+    assert listening["host"] == "0.0.0.0"
+    assert await healthz(port) == 200
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)
+
+
+def dockerfile_env() -> dict[str, str]:
+    final = (REPO / "Dockerfile").read_text().split("\nFROM ")[-1]
+    return dict(re.findall(r"\b(SATGATE_\w+)=(\S+)", final.split("\nRUN ", 1)[0]))
+
+
+def test_the_docker_image_refuses_to_start_until_configured() -> None:
+    image_env = dockerfile_env()
+    assert image_env["SATGATE_HOST"] == "0.0.0.0"
+    env = {**base_env(), **image_env}
+    result = subprocess.run([*SERVE], env=env, cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "SATGATE_ALLOW_UNAUTHENTICATED=true" in lines[0]
+    assert "SATGATE_AUTH_MODE=header" in lines[0]
+
+
+async def test_the_docker_image_starts_in_header_mode_as_the_dockerfile_shows(gateways: Gateways) -> None:
+    text = (REPO / "Dockerfile").read_text()
+    for shown in ("-e SATGATE_AUTH_MODE=header", "-e SATGATE_ROOT_KEY"):
+        assert shown in text, shown
+    port = free_port()
+    env = {**light_env(port), **dockerfile_env(), "SATGATE_PORT": str(port), "SATGATE_AUTH_MODE": "header"}
+    gateway = await gateways.start(env, name="image")
+    assert (await gateway.wait_event("listening"))["host"] == "0.0.0.0"
+    assert await healthz(port) == 200
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)
 
 
 async def test_inherited_socket_handover_refuses_nothing_and_fails_no_call(gateways: Gateways) -> None:
