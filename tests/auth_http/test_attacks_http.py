@@ -8,10 +8,8 @@ Requests go over a raw socket where the attack is bytes no HTTP client library w
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,6 +25,7 @@ from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.settings import Settings
 from tests.fakes import AllowAllPolicy, FakePool
+from tests.raw_http import raw_post
 
 KEY = "http-attack-tests-root-key-0123456789abcdef"
 ATTACKER_KEY = "an-attackers-own-root-key-0123456789abcdef"
@@ -69,46 +68,6 @@ def start(aiohttp_client: AiohttpClient) -> StartGateway:
         return await aiohttp_client(app)
 
     return make
-
-
-@dataclass(frozen=True)
-class RawAnswer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json_rpc_error(self) -> str:
-        """``error.data.error`` of the JSON-RPC error body (fails the test when there is none)."""
-        assert self.headers.get("content-type", "").startswith("application/json"), self
-        answer = json.loads(self.body)
-        assert answer["jsonrpc"] == "2.0"
-        assert isinstance(answer["error"]["code"], int)
-        error = answer["error"]["data"]["error"]
-        assert isinstance(error, str)
-        return error
-
-
-INIT = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                   "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                              "clientInfo": {"name": "attack", "version": "1"}}}).encode()
-
-
-async def raw_post(client: Client, extra_headers: bytes, body: bytes = INIT, *, path: bytes = b"/mcp",
-                   host: bytes = b"127.0.0.1") -> RawAnswer:
-    """One POST with header bytes exactly as given (aiohttp decodes them with surrogateescape)."""
-    reader, writer = await asyncio.open_connection(client.host, client.port)
-    try:
-        writer.write(b"POST " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n"
-                     b"Content-Type: application/json\r\nAccept: application/json\r\nConnection: close\r\n"
-                     + extra_headers + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        await writer.drain()
-        data = await reader.read()
-    finally:
-        writer.close()
-    head, _, payload = data.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return RawAnswer(int(status_line.split()[1]), headers, payload)
 
 
 def bearer(token: str) -> bytes:
