@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     mint.add_argument("--id", required=True, dest="token_id", metavar="ID", help="token id (what `token revoke` names)")
     mint.add_argument("--ttl", type=_positive_float, metavar="SECONDS", help="lifetime; no expiry if omitted")
     mint.add_argument("--tools", metavar="PATTERNS", help="comma list of tool names and prefix* patterns")
+    mint.add_argument("--resources", metavar="PATTERNS",
+                      help="comma list of resource URIs and prefix* patterns (default: every resource)")
+    mint.add_argument("--prompts", metavar="PATTERNS",
+                      help="comma list of prompt names and prefix* patterns (default: every prompt)")
     mint.add_argument("--budget-id", help="budget to spend from (default: the token id)")
     mint.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="credits the budget starts with")
     mint.add_argument("--tenant", help="tenant recorded in the token")
@@ -123,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     narrow.add_argument("token", metavar="TOKEN", help="the token, or - to read it from stdin")
     narrow.add_argument("--ttl", type=_positive_float, metavar="SECONDS", help="expire this many seconds from now")
     narrow.add_argument("--tools", metavar="PATTERNS", help="comma list; intersected with what TOKEN allows")
+    narrow.add_argument("--resources", metavar="PATTERNS", help="comma list of URIs and prefix*; intersected")
+    narrow.add_argument("--prompts", metavar="PATTERNS", help="comma list of prompt names and prefix*; intersected")
     narrow.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="lower the budget limit")
 
     insp = token_commands.add_parser("inspect", help="print a token's identity and caveats as JSON")
@@ -177,21 +183,37 @@ def _root_key(settings: TokenSettings) -> str | None:
     return settings.root_key.get_secret_value() if settings.root_key is not None else None
 
 
+class Scopes(NamedTuple):
+    """What ``--tools``/``--resources``/``--prompts`` ask for; None where the flag was not given."""
+
+    tools: list[str] | None
+    resources: list[str] | None
+    prompts: list[str] | None
+
+
+def scope_patterns(args: argparse.Namespace) -> Scopes | str:
+    """The scope flags as pattern lists, or what is wrong with them."""
+    lists = [None if getattr(args, name) is None else split_patterns(getattr(args, name)) for name in Scopes._fields]
+    for name, patterns in zip(Scopes._fields, lists, strict=True):
+        if patterns == []:
+            return f"--{name} needs at least one name or pattern"
+    return Scopes(*lists)
+
+
 def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> int:
     key = _root_key(settings)
     if not key:
         return _fail(f"SATGATE_ROOT_KEY is not set; token mint needs it (at least {MIN_ROOT_KEY_LENGTH} characters)")
     if len(key) < MIN_ROOT_KEY_LENGTH:
         return _fail(f"SATGATE_ROOT_KEY is too short: it must be at least {MIN_ROOT_KEY_LENGTH} characters")
-    tools = None
-    if args.tools is not None:
-        tools = split_patterns(args.tools)
-        if not tools:
-            return _fail("--tools needs at least one tool name or pattern")
+    scopes = scope_patterns(args)
+    if isinstance(scopes, str):
+        return _fail(scopes)
     try:
         token = mint_token(
-            key, args.token_id, ttl=args.ttl, tools=tools, budget_id=args.budget_id,
+            key, args.token_id, ttl=args.ttl, budget_id=args.budget_id,
             budget_limit=args.budget_limit, tenant=args.tenant,
+            tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts,
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -204,15 +226,14 @@ def _read_token(arg: str) -> str:
 
 
 def cmd_narrow(args: argparse.Namespace) -> int:
-    tools = None
-    if args.tools is not None:
-        tools = split_patterns(args.tools)
-        if not tools:
-            return _fail("--tools needs at least one tool name or pattern")
-    if args.ttl is None and tools is None and args.budget_limit is None:
-        return _fail("nothing to narrow: give --ttl, --tools and/or --budget-limit")
+    scopes = scope_patterns(args)
+    if isinstance(scopes, str):
+        return _fail(scopes)
+    if args.ttl is None and args.budget_limit is None and all(v is None for v in scopes):
+        return _fail("nothing to narrow: give --ttl, --tools, --resources, --prompts and/or --budget-limit")
     try:
-        narrowed = add_caveats(_read_token(args.token), ttl=args.ttl, tools=tools, budget_limit=args.budget_limit)
+        narrowed = add_caveats(_read_token(args.token), ttl=args.ttl, budget_limit=args.budget_limit,
+                               tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts)
     except TokenError as exc:
         return _fail(f"not a satgate token: {exc.reason}", EXIT_FAILED)
     except ValueError as exc:

@@ -1,6 +1,9 @@
 """What the gateway does with one JSON-RPC request from an authenticated session.
 
 Shared by every transport: it knows identities, policy and the upstream pool, never HTTP.
+
+A token's ``tools``, ``resources`` and ``prompts`` caveats decide what it may name and what it is
+shown; every request forwarded upstream passes the policy's rate limit first.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ FORWARDED = frozenset({
     "resources/list", "resources/templates/list", "resources/read", "resources/subscribe",
     "resources/unsubscribe", "prompts/list", "prompts/get", "completion/complete",
 })
+#: Upstream listings filtered by the token's caveats: method -> (result key, item key naming it, kind).
+FILTERED_LISTS: dict[str, tuple[str, str, str]] = {
+    "resources/list": ("resources", "uri", "resource"),
+    "resources/templates/list": ("resourceTemplates", "uriTemplate", "resource"),
+    "prompts/list": ("prompts", "name", "prompt"),
+}
+RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 
 log = structlog.get_logger("satgate_mcp.dispatch")
 
@@ -74,6 +84,49 @@ def page(items: list[JsonObj], cursor: object, size: int = TOOLS_PAGE_SIZE) -> t
     start = decode_cursor(cursor)
     end = start + size
     return items[start:end], (encode_cursor(end) if end < len(items) else None)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def named_target(method: str, params: JsonObj | None) -> tuple[str, str] | None:
+    """What a forwarded request names, as the pool routes it: ``("resource", uri)`` or ``("prompt", name)``.
+
+    A completion's ref names a prompt (``ref/prompt``) or else a resource (template) URI. None for lists.
+    """
+    params = params if isinstance(params, dict) else {}
+    if method in RESOURCE_METHODS:
+        return "resource", _text(params.get("uri"))
+    if method == "prompts/get":
+        return "prompt", _text(params.get("name"))
+    if method == "completion/complete":
+        ref = params.get("ref")
+        ref = ref if isinstance(ref, dict) else {}
+        if ref.get("type") == "ref/prompt":
+            return "prompt", _text(ref.get("name"))
+        return "resource", _text(ref.get("uri"))
+    return None
+
+
+def allows(identity: Identity, kind: str, name: str) -> bool:
+    return identity.allows_prompt(name) if kind == "prompt" else identity.allows_resource(name)
+
+
+def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
+    """An upstream listing without the items the token may not name (unnamed items count as not allowed)."""
+    spec = FILTERED_LISTS.get(method)
+    if spec is None:
+        return reply
+    key, item_key, kind = spec
+    if not (identity.prompt_filters if kind == "prompt" else identity.resource_filters):
+        return reply
+    result = reply.get("result")
+    if not isinstance(result, dict) or not isinstance(result.get(key), list):
+        return reply
+    items = [item for item in result[key]
+             if isinstance(item, dict) and allows(identity, kind, _text(item.get(item_key)))]
+    return {**reply, "result": {**result, key: items}}
 
 
 class Dispatcher:
@@ -131,11 +184,32 @@ class Dispatcher:
         if method == "logging/setLevel":
             return jsonrpc.result_response(request.id, {})
         if method in FORWARDED:
-            return await self._pool.call(method, params, on_progress=on_progress)
+            return await self._forward(request, identity, session_id, on_progress)
         if method in ("satgate/budget", "satgate/delegate"):
             return await self._satgate_method(request, identity, session_id)
         raise GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
                            code=jsonrpc.METHOD_NOT_FOUND)
+
+    async def _forward(self, request: jsonrpc.Request, identity: Identity, session_id: str,
+                       on_progress: ProgressCallback | None) -> JsonObj:
+        """Resources, prompts and completions: caveats first, then the rate limit, then the upstream."""
+        method, params = request.method, request.params
+        target = named_target(method, params)
+        if target is not None and not allows(identity, *target):
+            kind, name = target
+            self._metrics.refusals.labels(reason=f"{kind}_not_allowed").inc()
+            raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
+                               {"error": f"{kind}_not_allowed", kind: name[:200]}, code=jsonrpc.TOOL_NOT_ALLOWED)
+        admission = None
+        if self._policy is not None:
+            admission = await self._policy.admit(identity, method=method, tool=None, session_id=session_id,
+                                                 request_id=request.id, params=params)
+        try:
+            reply = await self._pool.call(method, params, on_progress=on_progress)
+        finally:
+            if self._policy is not None and admission is not None:
+                await self._policy.settle(admission, ran=True)
+        return visible_listing(identity, method, reply)
 
     async def _satgate_method(self, request: jsonrpc.Request, identity: Identity, session_id: str) -> JsonObj:
         if self._policy is None:

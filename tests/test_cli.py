@@ -275,3 +275,45 @@ def test_a_holder_narrows_a_token_without_the_root_key(
 def test_narrow_needs_a_restriction(capsys: pytest.CaptureFixture[str], no_satgate_env: Any) -> None:
     assert cli.main(["token", "narrow", "whatever"]) == 2
     assert "nothing to narrow" in capsys.readouterr().err
+
+
+def test_mint_narrow_inspect_resources_and_prompts(
+    capsys: pytest.CaptureFixture[str], no_satgate_env: pytest.MonkeyPatch
+) -> None:
+    no_satgate_env.setenv("SATGATE_ROOT_KEY", KEY)
+    assert cli.main(["token", "mint", "--id", "tok-a", "--resources", "file:///docs/*, memo://a/readme",
+                     "--prompts", "public_*"]) == 0
+    token = capsys.readouterr().out.strip()
+    ident = verify_token(KEY, token, now=time.time())
+    assert ident.resource_filters == (("file:///docs/*", "memo://a/readme"),)
+    assert ident.prompt_filters == (("public_*",),)
+
+    assert cli.main(["token", "narrow", token, "--resources", "file:///docs/public/*", "--prompts", "public_g*"]) == 0
+    narrowed = capsys.readouterr().out.strip()
+    ident = verify_token(KEY, narrowed, now=time.time())
+    assert ident.allows_resource("file:///docs/public/a")
+    assert not ident.allows_resource("memo://a/readme")
+    assert not ident.allows_prompt("public_x")
+
+    assert cli.main(["token", "inspect", narrowed]) == 0
+    restrictions = json.loads(capsys.readouterr().out)["restrictions"]
+    assert restrictions["resources"] == [["file:///docs/*", "memo://a/readme"], ["file:///docs/public/*"]]
+    assert restrictions["prompts"] == [["public_*"], ["public_g*"]]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--resources", " , "], id="empty-resources"),
+        pytest.param(["--prompts", ""], id="empty-prompts"),
+        pytest.param(["--resources", "file:///*/x"], id="star-in-the-middle"),
+    ],
+)
+def test_mint_refuses_bad_scopes(
+    capsys: pytest.CaptureFixture[str], no_satgate_env: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    no_satgate_env.setenv("SATGATE_ROOT_KEY", KEY)
+    assert cli.main(["token", "mint", "--id", "tok", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "--" in out.err or "pattern" in out.err

@@ -24,7 +24,7 @@ class AuthOutcome(StrEnum):
 
 
 def tool_matches(pattern: str, name: str) -> bool:
-    """``name`` exact, ``prefix*`` by prefix, ``*`` everything."""
+    """``name`` exact, ``prefix*`` by prefix, ``*`` everything (tool names, resource URIs, prompt names)."""
     if pattern.endswith("*"):
         return name.startswith(pattern[:-1])
     return pattern == name
@@ -48,6 +48,10 @@ class Identity:
     ancestors: tuple[str, ...] = ()
     #: Lowest ``depth <= N`` caveat: how deep tokens delegated from this one may go (None = unlimited).
     max_depth: int | None = None
+    #: Each inner tuple is one ``resources`` caveat (URIs and ``prefix*``); a URI must match every one.
+    resource_filters: tuple[tuple[str, ...], ...] = ()
+    #: Each inner tuple is one ``prompts`` caveat (names and ``prefix*``); a name must match every one.
+    prompt_filters: tuple[tuple[str, ...], ...] = ()
 
     @property
     def budget_key(self) -> str:
@@ -55,7 +59,18 @@ class Identity:
         return self.budget_id or self.token_id
 
     def allows_tool(self, name: str) -> bool:
-        return all(any(tool_matches(p, name) for p in caveat) for caveat in self.tool_filters)
+        return _allowed_by(self.tool_filters, name)
+
+    def allows_resource(self, uri: str) -> bool:
+        return _allowed_by(self.resource_filters, uri)
+
+    def allows_prompt(self, name: str) -> bool:
+        return _allowed_by(self.prompt_filters, name)
+
+
+def _allowed_by(filters: tuple[tuple[str, ...], ...], name: str) -> bool:
+    """No filter allows everything; several filters intersect (each caveat only narrows)."""
+    return all(any(tool_matches(p, name) for p in caveat) for caveat in filters)
 
 
 ANONYMOUS_IDENTITY = Identity(token_id=ANONYMOUS)
@@ -91,6 +106,12 @@ def bearer_from_header(authorization: str | None) -> str | None:
     return token
 
 
+def is_well_formed_bearer(token: str) -> bool:
+    """Visible ASCII only: the header arrives as surrogate-escaped bytes, which must never reach a hash or a
+    comparison that encodes it (that raised, and became a 500)."""
+    return token.isascii() and token.isprintable() and " " not in token
+
+
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
@@ -101,7 +122,10 @@ class NoAuthenticator:
     mode = "none"
 
     async def authenticate(self, authorization: str | None) -> AuthResult:
-        return AuthResult(AuthOutcome.OK, ANONYMOUS_IDENTITY, bearer_from_header(authorization) or "")
+        bearer = bearer_from_header(authorization) or ""
+        if bearer and not is_well_formed_bearer(bearer):
+            return AuthResult(AuthOutcome.INVALID, reason="malformed bearer token")
+        return AuthResult(AuthOutcome.OK, ANONYMOUS_IDENTITY, bearer)
 
 
 class StaticTokenAuthenticator:
@@ -119,7 +143,9 @@ class StaticTokenAuthenticator:
         bearer = bearer_from_header(authorization)
         if bearer is None:
             return AuthResult(AuthOutcome.MISSING, reason="no bearer token")
-        if not hmac.compare_digest(bearer.encode("utf-8"), self._token):
+        if not is_well_formed_bearer(bearer):
+            return AuthResult(AuthOutcome.INVALID, reason="malformed bearer token")
+        if not hmac.compare_digest(bearer.encode("ascii"), self._token):
             return AuthResult(AuthOutcome.INVALID, reason="token does not match")
         return AuthResult(AuthOutcome.OK, self._identity, bearer)
 

@@ -6,12 +6,19 @@ budget or tenant. Caveats can only be appended, and each one only restricts:
 
 - ``expires = <unix seconds>``: the earliest of several wins;
 - ``tools = a,b,prefix*``: every ``tools`` caveat must allow a tool (they intersect);
+- ``resources = uri,prefix*`` and ``prompts = name,prefix*``: the same for resource URIs (and resource
+  template URIs) and prompt names; absent means allowed, like ``tools``;
 - ``budget_limit = <credits>``: the lowest wins;
 - ``depth <= N``: the token's own delegation depth must not exceed N, and the lowest N caps
   what may be delegated from it.
 
 Anything else (an unknown predicate, a third-party caveat, a malformed value) fails
 verification: fail closed, so an older gateway never ignores a restriction it does not know.
+
+Anyone can mint a macaroon with a key of their own, so nothing a token says is interpreted before its
+signature checks out, and what checking it may cost is bounded up front: token length, caveat count,
+identifier and predicate sizes. Predicates are split with plain string methods (no regular expression
+can backtrack on them).
 """
 
 from __future__ import annotations
@@ -42,10 +49,16 @@ MAX_TOKEN_CHARS = 8192
 MAX_CAVEATS = 64
 MAX_CHAIN = 32
 MAX_TOOL_PATTERNS = 256
+#: Patterns in one ``resources`` or ``prompts`` caveat, and characters in one of them.
+MAX_NAME_PATTERNS = 256
+MAX_NAME_PATTERN_CHARS = 1024
+#: One caveat predicate, in bytes: a real one is a few dozen; a longer one is refused unread.
+MAX_PREDICATE_BYTES = 2048
+#: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
+MAX_IDENTIFIER_BYTES = 6144
 
 _log = structlog.get_logger(__name__)
 
-_CAVEAT_RE = re.compile(r"\s*([a-z_]+)\s*(<=|=)\s*(.*?)\s*")
 _NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
 _TOOL_PATTERN_RE = re.compile(r"[A-Za-z0-9_.:/@-]*\*?")
 _IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
@@ -94,7 +107,17 @@ class DepthCaveat:
     max_depth: int
 
 
-Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat
+@dataclass(frozen=True, slots=True)
+class ResourcesCaveat:
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptsCaveat:
+    patterns: tuple[str, ...]
+
+
+Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat | ResourcesCaveat | PromptsCaveat
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +128,8 @@ class Restrictions:
     tool_filters: tuple[tuple[str, ...], ...] = ()
     budget_limit: float | None = None
     max_depth: int | None = None
+    resource_filters: tuple[tuple[str, ...], ...] = ()
+    prompt_filters: tuple[tuple[str, ...], ...] = ()
 
 
 def _format_number(value: float) -> str:
@@ -132,7 +157,34 @@ def check_tool_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
     return cleaned
 
 
-def format_caveat(caveat: Caveat) -> str:
+def is_name_pattern(pattern: str) -> bool:
+    """A resource URI or prompt name, optionally ending in ``*`` (prefix): any visible characters but
+    commas (the list separator), whitespace and control characters; ``*`` only at the end."""
+    return (
+        0 < len(pattern) <= MAX_NAME_PATTERN_CHARS
+        and pattern.isprintable()
+        and "," not in pattern
+        and "*" not in pattern[:-1]
+        and not any(c.isspace() for c in pattern)
+    )
+
+
+def check_name_patterns(patterns: Iterable[str], what: str = "resource") -> tuple[str, ...]:
+    """Patterns for a ``resources`` or ``prompts`` caveat: URIs/names, ``prefix*`` or ``*``; ValueError otherwise.
+
+    An empty list is allowed: such a caveat allows nothing (a delegated child of disjoint filters).
+    """
+    cleaned = tuple(p.strip() for p in patterns)
+    if len(cleaned) > MAX_NAME_PATTERNS:
+        raise ValueError(f"at most {MAX_NAME_PATTERNS} {what} patterns")
+    for pattern in cleaned:
+        if not is_name_pattern(pattern):
+            raise ValueError(f"invalid {what} pattern {pattern[:100]!r}: use a {what} name, 'prefix*' or '*' "
+                             f"(no commas, whitespace or control characters; at most {MAX_NAME_PATTERN_CHARS})")
+    return cleaned
+
+
+def _format_predicate(caveat: Caveat) -> str:
     match caveat:
         case ExpiresCaveat(at):
             return f"expires = {_format_number(at)}"
@@ -142,34 +194,77 @@ def format_caveat(caveat: Caveat) -> str:
             return f"budget_limit = {_format_number(limit)}"
         case DepthCaveat(max_depth):
             return f"depth <= {int(max_depth)}"
+        case ResourcesCaveat(patterns):
+            return f"resources = {','.join(check_name_patterns(patterns, 'resource'))}"
+        case PromptsCaveat(patterns):
+            return f"prompts = {','.join(check_name_patterns(patterns, 'prompt'))}"
     raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
+
+
+def format_caveat(caveat: Caveat) -> str:
+    """The predicate for ``caveat``; ValueError for one no gateway would accept (so none is ever signed)."""
+    predicate = _format_predicate(caveat)
+    if len(predicate.encode("utf-8")) > MAX_PREDICATE_BYTES:
+        raise ValueError(f"caveat too long: at most {MAX_PREDICATE_BYTES} bytes per caveat")
+    return predicate
+
+
+#: (key, operator) -> what the value must be.
+_CAVEAT_KEYS = frozenset({("expires", "="), ("budget_limit", "="), ("depth", "<="), ("tools", "="),
+                          ("resources", "="), ("prompts", "=")})
+
+
+def split_predicate(predicate: str) -> tuple[str, str, str]:
+    """``key op value`` around the first operator, spaces stripped; linear, refuses control characters."""
+    if len(predicate) > MAX_PREDICATE_BYTES:
+        raise TokenInvalid("caveat too long")
+    if not predicate.isprintable():  # newlines, tabs, NUL, other control and separator characters
+        raise TokenInvalid("control characters in caveat")
+    at = predicate.find("=")
+    if at < 0:
+        raise TokenInvalid("unknown caveat")
+    op_start = at - 1 if at > 0 and predicate[at - 1] == "<" else at
+    key = predicate[:op_start].strip(" ")
+    op = predicate[op_start:at + 1]
+    return key, op, predicate[at + 1:].strip(" ")
+
+
+def _patterns(value: str) -> tuple[str, ...]:
+    return tuple(p.strip(" ") for p in value.split(",")) if value else ()
 
 
 def parse_caveat(predicate: str) -> Caveat:
     """The caveat a predicate states, or TokenInvalid for anything this gateway does not know."""
-    m = _CAVEAT_RE.fullmatch(predicate)
-    if not m:
+    key, op, value = split_predicate(predicate)
+    if (key, op) not in _CAVEAT_KEYS:
         raise TokenInvalid("unknown caveat")
-    key, op, value = m.groups()
-    if (key, op) == ("expires", "="):
+    if key in ("expires", "budget_limit", "depth") and not value.isascii():
+        # ASCII digits only: str.isdigit() also accepts superscripts such as "²", which int() refuses.
+        raise TokenInvalid(f"malformed number in {key} caveat")
+    if key == "expires":
         return ExpiresCaveat(_parse_number(value))
-    if (key, op) == ("budget_limit", "="):
+    if key == "budget_limit":
         return BudgetLimitCaveat(_parse_number(value))
-    if (key, op) == ("depth", "<=") and value.isdigit() and len(value) <= 6:
+    if key == "depth":
+        if not (value.isdigit() and len(value) <= 6):
+            raise TokenInvalid("malformed depth caveat")
         return DepthCaveat(int(value))
-    if (key, op) == ("tools", "="):
-        patterns = tuple(p.strip() for p in value.split(",")) if value else ()
-        try:
-            return ToolsCaveat(check_tool_patterns(patterns))
-        except ValueError:
-            raise TokenInvalid("malformed tools caveat") from None
-    raise TokenInvalid("unknown caveat")
+    try:
+        if key == "tools":
+            return ToolsCaveat(check_tool_patterns(_patterns(value)))
+        if key == "resources":
+            return ResourcesCaveat(check_name_patterns(_patterns(value), "resource"))
+        return PromptsCaveat(check_name_patterns(_patterns(value), "prompt"))
+    except ValueError:
+        raise TokenInvalid(f"malformed {key} caveat") from None
 
 
 def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
-    """Narrowing: earliest expiry, intersected tool filters, lowest budget limit, lowest depth cap."""
+    """Narrowing: earliest expiry, intersected tool/resource/prompt filters, lowest budget limit and depth cap."""
     expires: float | None = None
     tools: list[tuple[str, ...]] = []
+    resources: list[tuple[str, ...]] = []
+    prompts: list[tuple[str, ...]] = []
     budget: float | None = None
     depth: int | None = None
     for caveat in caveats:
@@ -183,7 +278,13 @@ def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
                 budget = limit if budget is None else min(budget, limit)
             case DepthCaveat(max_depth):
                 depth = max_depth if depth is None else min(depth, max_depth)
-    return Restrictions(expires, tuple(tools), budget, depth)
+            case ResourcesCaveat(patterns):
+                if patterns not in resources:
+                    resources.append(patterns)
+            case PromptsCaveat(patterns):
+                if patterns not in prompts:
+                    prompts.append(patterns)
+    return Restrictions(expires, tuple(tools), budget, depth, tuple(resources), tuple(prompts))
 
 
 def restriction_caveats(
@@ -192,9 +293,11 @@ def restriction_caveats(
     tools: Sequence[str] | None = None,
     budget_limit: float | None = None,
     max_depth: int | None = None,
+    resources: Sequence[str] | None = None,
+    prompts: Sequence[str] | None = None,
 ) -> list[Caveat]:
-    if isinstance(tools, str):
-        raise TypeError("tools must be a sequence of patterns, not one string")
+    if isinstance(tools, str) or isinstance(resources, str) or isinstance(prompts, str):
+        raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
     caveats: list[Caveat] = []
     if expires_at is not None:
         caveats.append(ExpiresCaveat(float(expires_at)))
@@ -206,6 +309,10 @@ def restriction_caveats(
         if max_depth < 0:
             raise ValueError("max_depth must be >= 0")
         caveats.append(DepthCaveat(int(max_depth)))
+    if resources is not None:
+        caveats.append(ResourcesCaveat(check_name_patterns(resources, "resource")))
+    if prompts is not None:
+        caveats.append(PromptsCaveat(check_name_patterns(prompts, "prompt")))
     for caveat in caveats:
         format_caveat(caveat)  # validates numbers before anything is signed
     return caveats
@@ -257,9 +364,13 @@ def _opt_id(body: dict[str, Any], key: str) -> str | None:
 
 def decode_identifier(raw: bytes) -> TokenIdentifier:
     """Strict: an unknown version or field is refused rather than half-understood."""
+    # A valid identifier is one flat object with at most one list (ids hold no brackets): anything nested
+    # deeper is refused before the JSON parser could recurse on it.
+    if len(raw) > MAX_IDENTIFIER_BYTES or raw.count(b"{") > 1 or raw.count(b"[") > 1:
+        raise TokenInvalid("malformed identifier")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise TokenInvalid("malformed identifier") from None
     if not isinstance(body, dict) or body.get("v") != IDENTIFIER_VERSION or not body.keys() <= _IDENTIFIER_FIELDS:
         raise TokenInvalid("unsupported identifier")
@@ -293,6 +404,15 @@ def decode_identifier(raw: bytes) -> TokenIdentifier:
 
 
 @dataclass(frozen=True, slots=True)
+class RawToken:
+    """A token's structure before anything in it is believed: bounded in size, not yet interpreted."""
+
+    macaroon: Any
+    identifier: bytes
+    predicates: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ParsedToken:
     macaroon: Any
     identifier: TokenIdentifier
@@ -314,21 +434,40 @@ def _deserialize(token: str) -> Any:
     return mac
 
 
-def parse_token(token: str) -> ParsedToken:
-    """Structure only, no key: identifier and caveat predicates, without judging the caveats."""
+def raw_token(token: str) -> RawToken:
+    """Structure only, bounded: the identifier and predicate bytes, none of them interpreted yet."""
     mac = _deserialize(token)
-    identifier = decode_identifier(bytes(mac.identifier_bytes))
+    identifier = bytes(mac.identifier_bytes)
+    if len(identifier) > MAX_IDENTIFIER_BYTES:
+        raise TokenInvalid("identifier too long")
     if len(mac.caveats) > MAX_CAVEATS:
         raise TokenInvalid("too many caveats")
     predicates = []
     for caveat in mac.caveats:
         if caveat.third_party():
             raise TokenInvalid("third-party caveats are not supported")
-        try:
-            predicates.append(bytes(caveat.caveat_id_bytes).decode("utf-8"))
-        except UnicodeDecodeError:
-            raise TokenInvalid("malformed caveat") from None
-    return ParsedToken(mac, identifier, tuple(predicates))
+        predicate = bytes(caveat.caveat_id_bytes)
+        if len(predicate) > MAX_PREDICATE_BYTES:
+            raise TokenInvalid("caveat too long")
+        predicates.append(predicate)
+    return RawToken(mac, identifier, tuple(predicates))
+
+
+def _decode_predicates(raw: RawToken) -> tuple[str, ...]:
+    try:
+        return tuple(p.decode("utf-8") for p in raw.predicates)
+    except UnicodeDecodeError:
+        raise TokenInvalid("malformed caveat") from None
+
+
+def parse_token(token: str) -> ParsedToken:
+    """Structure only, no key: identifier and caveat predicates, without judging the caveats.
+
+    Nothing here is verified: the gateway itself calls ``verify_signature``, which interprets a token
+    only after its signature checks out; this is for holders (``narrow``) and operators (``inspect``).
+    """
+    raw = raw_token(token)
+    return ParsedToken(raw.macaroon, decode_identifier(raw.identifier), _decode_predicates(raw))
 
 
 def _root_key_bytes(root_key: str) -> bytes:
@@ -337,11 +476,11 @@ def _root_key_bytes(root_key: str) -> bytes:
     return root_key.encode("utf-8")
 
 
-def _check_signature(root_key: str, parsed: ParsedToken) -> None:
+def _check_signature(root_key: str, raw: RawToken) -> None:
     verifier = Verifier()
-    verifier.satisfy_general(lambda _predicate: True)  # every predicate was parsed (and judged) already
+    verifier.satisfy_general(lambda _predicate: True)  # the HMAC chain only: caveats are judged after it
     try:
-        verifier.verify(parsed.macaroon, _root_key_bytes(root_key))
+        verifier.verify(raw.macaroon, _root_key_bytes(root_key))
     except Exception:
         raise TokenInvalid("signature does not verify") from None
 
@@ -359,21 +498,26 @@ def identity_from(identifier: TokenIdentifier, predicates: Sequence[str], limits
         caveats=tuple(predicates),
         ancestors=identifier.ancestors,
         max_depth=limits.max_depth,
+        resource_filters=limits.resource_filters,
+        prompt_filters=limits.prompt_filters,
     )
 
 
 def verify_signature(root_key: str, token: str) -> Identity:
     """Everything that does not depend on time: structure, known caveats, signature, depth cap.
 
-    Its result may be cached; ``check_expiry`` must still run against the clock on every use.
+    Its result may be cached; ``check_expiry`` must still run against the clock on every use. The
+    signature is checked before the identifier or any caveat is interpreted: a stranger's token costs
+    one bounded HMAC chain, whatever it says.
     """
-    parsed = parse_token(token)
-    caveats = [parse_caveat(p) for p in parsed.predicates]
-    _check_signature(root_key, parsed)
-    limits = combine_caveats(caveats)
-    if limits.max_depth is not None and parsed.identifier.depth > limits.max_depth:
+    raw = raw_token(token)
+    _check_signature(root_key, raw)
+    identifier = decode_identifier(raw.identifier)
+    predicates = _decode_predicates(raw)
+    limits = combine_caveats(parse_caveat(p) for p in predicates)
+    if limits.max_depth is not None and identifier.depth > limits.max_depth:
         raise TokenInvalid("delegation depth exceeds the token's depth caveat")
-    return identity_from(parsed.identifier, parsed.predicates, limits)
+    return identity_from(identifier, predicates, limits)
 
 
 def is_expired(identity: Identity, now: float) -> bool:
@@ -410,6 +554,8 @@ def mint_token(
     now: float | None = None,
     ancestors: Sequence[str] = (),
     max_depth: int | None = None,
+    resources: Sequence[str] | None = None,
+    prompts: Sequence[str] | None = None,
 ) -> str:
     """A new bearer token signed with ``root_key``.
 
@@ -434,7 +580,7 @@ def mint_token(
     identifier = TokenIdentifier(token_id, budget_id, tenant, chain, depth, int(issued))
     caveats = restriction_caveats(
         expires_at=None if ttl is None else issued + ttl, tools=tools, budget_limit=budget_limit,
-        max_depth=max_depth,
+        max_depth=max_depth, resources=resources, prompts=prompts,
     )
     mac = Macaroon(
         location=LOCATION, identifier=encode_identifier(identifier), key=_root_key_bytes(root_key),
@@ -454,6 +600,8 @@ def add_caveats(
     budget_limit: float | None = None,
     max_depth: int | None = None,
     now: float | None = None,
+    resources: Sequence[str] | None = None,
+    prompts: Sequence[str] | None = None,
 ) -> str:
     """Holder-side narrowing, no root key needed: the returned token is the old one plus caveats.
 
@@ -466,7 +614,7 @@ def add_caveats(
         ttl_expiry = (time.time() if now is None else now) + ttl
         expires_at = ttl_expiry if expires_at is None else min(expires_at, ttl_expiry)
     caveats = restriction_caveats(expires_at=expires_at, tools=tools, budget_limit=budget_limit,
-                                  max_depth=max_depth)
+                                  max_depth=max_depth, resources=resources, prompts=prompts)
     mac = parse_token(token).macaroon
     for caveat in caveats:
         mac.add_first_party_caveat(format_caveat(caveat))
@@ -511,6 +659,8 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
             "expires_at": limits.expires_at,
             "expires_at_utc": None if limits.expires_at is None else _utc(limits.expires_at),
             "tools": [list(f) for f in limits.tool_filters],
+            "resources": [list(f) for f in limits.resource_filters],
+            "prompts": [list(f) for f in limits.prompt_filters],
             "budget_limit": limits.budget_limit,
             "max_depth": limits.max_depth,
         },
@@ -620,11 +770,13 @@ __all__ = [
     "TokenIdentifier",
     "TokenInvalid",
     "add_caveats",
+    "check_name_patterns",
     "combine_caveats",
     "format_caveat",
     "inspect_token",
     "mint_token",
     "parse_caveat",
+    "split_predicate",
     "verify_signature",
     "verify_token",
 ]

@@ -1,7 +1,8 @@
 """Delegation: the rules for a child token, as pure functions over the parent's identity.
 
 A child is never wider than its parent: its tools are each allowed by every one of the
-parent's tools caveats, it expires no later, it sits one level deeper (up to a limit), and
+parent's tools caveats, it inherits the parent's resources and prompts caveats (as one
+equivalent list each), it expires no later, it sits one level deeper (up to a limit), and
 its credits are moved out of the parent's budget (done by the budget store, atomically).
 """
 
@@ -40,6 +41,8 @@ class Minter(Protocol):
         now: float | None = None,
         ancestors: Sequence[str] = (),
         max_depth: int | None = None,
+        resources: Sequence[str] | None = None,
+        prompts: Sequence[str] | None = None,
     ) -> str: ...
 
 
@@ -65,6 +68,9 @@ class ChildPlan:
     #: The child's delegation chain, root first, the parent last (revoking any of them revokes it).
     ancestors: tuple[str, ...]
     label: str | None
+    #: The parent's resources / prompts caveats folded into one list each (None: the parent has none).
+    resources: tuple[str, ...] | None = None
+    prompts: tuple[str, ...] | None = None
 
 
 def pattern_covers(outer: str, inner: str) -> bool:
@@ -87,7 +93,8 @@ def pattern_intersection(a: str, b: str) -> str | None:
 
 
 def effective_tools(filters: Sequence[Sequence[str]]) -> tuple[str, ...] | None:
-    """One pattern list equal to several tools caveats (which intersect); None when unrestricted."""
+    """One pattern list equal to several caveats (tools, resources or prompts: they intersect); None when
+    unrestricted, ``()`` when they share nothing."""
     if not filters:
         return None
     result: tuple[str, ...] = tuple(dict.fromkeys(filters[0]))
@@ -166,5 +173,7 @@ def plan_child(parent: Identity, params: JsonObj | None, *, now: float,
         max_depth=token_cap,
         ancestors=(*parent.ancestors, parent.token_id),
         label=label,
+        resources=effective_tools(parent.resource_filters),
+        prompts=effective_tools(parent.prompt_filters),
     )
 

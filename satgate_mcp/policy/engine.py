@@ -1,8 +1,10 @@
 """The policy facade the transports call: admit a request, settle it, report budgets, delegate.
 
 Order for ``tools/call``: rate limit, then the duplicate guard, then the charge; a refusal at any
-step leaves nothing charged. ``satgate/*`` methods pass the rate limit only; other methods pass
-freely. Every limit is keyed by the verified token id or budget id, never by session; only the
+step leaves nothing charged. Every other method admitted (``satgate/*`` and whatever the gateway
+forwards upstream: resources, prompts, completions) passes the rate limit only; what the gateway
+answers itself (``tools/list``, ``ping``) passes freely.
+Every limit is keyed by the verified token id or budget id, never by session; only the
 duplicate guard uses the session id (with the token id, request id and params), by design: it
 recognises one client re-sending one call, which a resumed session does under the same id. An
 empty session id (stateless requests) turns the guard off for that call.
@@ -49,6 +51,8 @@ from satgate_mcp.settings import Settings
 
 TOOLS_CALL = "tools/call"
 GATEWAY_METHOD_PREFIX = "satgate/"
+#: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
+UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
 BUDGET_EXHAUSTED_CODE = -32000
 DELEGATION_FAILED_CODE = -32000
 #: Upstream answers that prove the call never ran, so it is refunded.
@@ -151,7 +155,7 @@ class CallPolicy:
                     request_id: RequestId, params: JsonObj | None) -> Admission:
         """Let one request through or raise the GatewayError the client should see."""
         admission = Admission(identity, method, tool, identity.budget_key)
-        if method != TOOLS_CALL and not method.startswith(GATEWAY_METHOD_PREFIX):
+        if method in UNMETERED_METHODS:
             return admission
         await self._check_rate(identity, method, tool if method == TOOLS_CALL else None)
         if method != TOOLS_CALL:
@@ -297,6 +301,7 @@ class CallPolicy:
                 budget_id=child_budget_id, budget_limit=plan.budget, tenant=parent.tenant,
                 parent_id=parent.token_id, depth=plan.depth, now=now,
                 ancestors=plan.ancestors, max_depth=plan.max_depth,
+                resources=plan.resources, prompts=plan.prompts,
             )
         except ValueError as exc:
             raise DelegationRefused(f"could not mint the child token: {exc}") from None

@@ -24,10 +24,12 @@ class FakeMinter:
                  tools: Sequence[str] | None = None, budget_id: str | None = None,
                  budget_limit: float | None = None, tenant: str | None = None, parent_id: str | None = None,
                  depth: int = 0, now: float | None = None, ancestors: Sequence[str] = (),
-                 max_depth: int | None = None) -> str:
+                 max_depth: int | None = None, resources: Sequence[str] | None = None,
+                 prompts: Sequence[str] | None = None) -> str:
         self.calls.append({"token_id": token_id, "ttl": ttl, "tools": tools, "budget_id": budget_id,
                            "budget_limit": budget_limit, "tenant": tenant, "parent_id": parent_id,
-                           "depth": depth, "now": now, "ancestors": tuple(ancestors), "max_depth": max_depth})
+                           "depth": depth, "now": now, "ancestors": tuple(ancestors), "max_depth": max_depth,
+                           "resources": resources, "prompts": prompts})
         return f"fake-token-for-{token_id}"
 
 

@@ -302,7 +302,7 @@ async def test_delegate_moves_credits_and_mints_a_narrower_child() -> None:
                    "label": "crawler", "parentRemaining": 6}
     assert minter.calls == [{"token_id": "dlg-abc", "ttl": 60, "tools": ["db_read"], "budget_id": "dlg-budget-abc",
                              "budget_limit": 4, "tenant": "acme", "parent_id": "parent-1", "depth": 1, "now": WALL,
-                             "ancestors": ("parent-1",), "max_depth": None}]
+                             "ancestors": ("parent-1",), "max_depth": None, "resources": None, "prompts": None}]
     assert (await policy.budget_status(PARENT))["remaining"] == 6
     child = Identity("dlg-abc", budget_id="dlg-budget-abc", budget_limit=4)
     assert (await policy.budget_status(child))["remaining"] == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -10,13 +11,19 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
+from pymacaroons import Macaroon
+from pymacaroons.macaroon import MACAROON_V2
 from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.app import create_app
-from satgate_mcp.auth.base import NoAuthenticator
+from satgate_mcp.auth.base import Authenticator, AuthOutcome, NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.auth.macaroons import MacaroonAuthenticator, mint_token
+from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.settings import Settings
 from tests.fakes import AllowAllPolicy, FakePool
+from tests.raw_http import raw_post
 
 EXPECTED_STATUSES = {200, 202, 400, 404, 405, 406, 413, 415}
 
@@ -72,3 +79,112 @@ async def test_any_body_gets_a_clear_answer_and_the_daemon_keeps_serving(
         assert answer["jsonrpc"] == "2.0"
         assert isinstance(answer["error"]["data"]["error"], str)
     assert (await client.get("/healthz")).status == 200
+
+
+# --- credentials and headers (issue 9, hole 7) ---------------------------------------------------------------
+# Random tokens, caveats, identifiers and header bytes through every authenticator and through /mcp: never an
+# exception or a 5xx, and never more than a bounded cost. The bounds are CPU time (other work on the machine
+# does not count) and generous: a real authentication takes about a tenth of a millisecond.
+
+FUZZ_KEY = "fuzz-tests-root-key-0123456789abcdef-0123"
+FUZZ_STATIC = "fuzz-static-token-0123456789"
+#: CPU seconds one authenticate call may take, however the credential is crafted.
+AUTH_CPU_BOUND = 0.05
+#: CPU seconds one whole HTTP exchange may take (client and server share the process).
+REQUEST_CPU_BOUND = 0.5
+
+utf8_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=300)
+predicates = st.one_of(
+    utf8_text,
+    st.sampled_from(["tools", "resources", "prompts", "expires", "budget_limit", "depth"]).flatmap(
+        lambda key: st.tuples(st.just(key), st.sampled_from([" = ", "=", " <= ", " =  "]), utf8_text)
+    ).map("".join),
+    st.integers(0, 3000).map(lambda n: "tools =" + " " * n + "\nx\ny"),
+)
+identifiers = st.one_of(
+    st.binary(max_size=400),
+    st.integers(0, 4000).map(lambda n: b"[" * n),
+    st.fixed_dictionaries({"v": st.sampled_from([1, 2, "1"]), "token_id": st.one_of(utf8_text, st.integers())},
+                          optional={"ancestors": json_values, "depth": json_values, "extra": json_values}).map(
+        lambda body: json.dumps(body).encode()),
+)
+
+
+def crafted_macaroon(identifier: bytes, caveats: list[str], key: str) -> str:
+    mac = Macaroon(location="x", identifier=identifier, key=key.encode(), version=MACAROON_V2)
+    for predicate in caveats:
+        mac.add_first_party_caveat(predicate)
+    return str(mac.serialize())
+
+
+def genuine_with(caveats: list[str]) -> str:
+    mac = Macaroon.deserialize(mint_token(FUZZ_KEY, "tok-fuzz"))
+    for predicate in caveats:
+        mac.add_first_party_caveat(predicate)
+    return str(mac.serialize())
+
+
+def mutated(token: str, at: int, char: str) -> str:
+    at %= len(token)
+    return token[:at] + char + token[at + 1:]
+
+
+tokens = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200).map(lambda raw: raw.decode("utf-8", errors="surrogateescape")),
+    st.builds(crafted_macaroon, identifiers, st.lists(predicates, max_size=4),
+              st.sampled_from([FUZZ_KEY, "an-attackers-key-0123456789abcdef-0123"])),
+    st.builds(genuine_with, st.lists(predicates, max_size=4)),
+    st.builds(mutated, st.builds(genuine_with, st.just([])), st.integers(0, 10_000), st.characters()),
+)
+authorization_headers = st.one_of(
+    tokens.map(lambda token: f"Bearer {token}"),
+    st.binary(max_size=100).map(lambda raw: raw.decode("utf-8", errors="surrogateescape")),
+    st.none(),
+)
+
+
+def every_authenticator() -> list[Authenticator]:
+    return [NoAuthenticator(), StaticTokenAuthenticator(FUZZ_STATIC),
+            MacaroonAuthenticator(FUZZ_KEY, MemoryRevocationStore(), cache_seconds=0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(header=authorization_headers)
+async def test_any_credential_gets_an_outcome_at_a_bounded_cost(header: str | None) -> None:
+    for authenticator in every_authenticator():
+        started = time.process_time()
+        result = await authenticator.authenticate(header)
+        assert time.process_time() - started < AUTH_CPU_BOUND, (authenticator.mode, header)
+        assert isinstance(result.outcome, AuthOutcome)
+        assert result.ok == (result.identity is not None)
+
+
+header_values = st.binary(max_size=120).map(lambda raw: raw.replace(b"\r", b"").replace(b"\n", b""))
+header_lines = st.lists(st.tuples(st.sampled_from([b"Authorization", b"Origin", b"Mcp-Session-Id",
+                                                   b"MCP-Protocol-Version"]), header_values),
+                        max_size=3).map(lambda pairs: b"".join(name + b": " + value + b"\r\n" for name, value in pairs))
+bearer_lines = tokens.map(lambda token: b"Authorization: Bearer " + token.encode("utf-8", "surrogateescape") + b"\r\n")
+
+
+@pytest.fixture(params=["none", "config", "header"])
+async def any_mode_client(request: pytest.FixtureRequest, aiohttp_client: AiohttpClient
+                          ) -> TestClient[web.Request, web.Application]:
+    modes: dict[str, dict[str, Any]] = {"none": {}, "config": {"static_token": SecretStr(FUZZ_STATIC)},
+                                        "header": {"root_key": SecretStr(FUZZ_KEY)}}
+    app = create_app(Settings(auth_mode=request.param, **modes[request.param]), pool=FakePool(),
+                     policy=AllowAllPolicy(), publisher=RecordingPublisher())
+    return await aiohttp_client(app)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(headers=st.one_of(header_lines, bearer_lines), host=st.one_of(st.just(b"127.0.0.1"), header_values))
+async def test_any_header_bytes_get_a_4xx_json_rpc_answer_or_pass_never_a_5xx(
+        any_mode_client: TestClient[web.Request, web.Application], headers: bytes, host: bytes) -> None:
+    started = time.process_time()
+    answer = await raw_post(any_mode_client, headers, host=host)
+    assert time.process_time() - started < REQUEST_CPU_BOUND
+    assert answer.status < 500, answer
+    if answer.status >= 400 and answer.is_json:  # aiohttp's own parser refuses some bytes before the app sees them
+        answer.json_rpc_error()
+    assert (await any_mode_client.get("/healthz")).status == 200

@@ -237,3 +237,51 @@ def test_parse_error_uses_the_json_rpc_parse_error_code() -> None:
         "id": None,
         "error": {"code": jsonrpc.PARSE_ERROR, "message": rules.PARSE_ERROR.message, "data": {"error": "parse_error"}},
     }
+
+
+# --- Host and Origin parsing: str methods only, a malformed value is no host (issue 9, hole 7) -------------
+
+
+@pytest.mark.parametrize(
+    ("authority", "host"),
+    [
+        pytest.param("localhost", "localhost", id="name"),
+        pytest.param("LocalHost:9100", "localhost", id="name-port-lowered"),
+        pytest.param("[::1]", "::1", id="v6"),
+        pytest.param("[::1]:9100", "::1", id="v6-port"),
+        pytest.param("::1", "::1", id="bare-v6"),
+        pytest.param("[::1", None, id="unclosed-v6"),
+        pytest.param("[::1]x", None, id="junk-after-v6"),
+        pytest.param("[not-an-ip]", None, id="bracketed-name"),
+        pytest.param("localhost:", None, id="empty-port"),
+        pytest.param("localhost:99999", None, id="port-out-of-range"),
+        pytest.param("localhost:9\u0661", None, id="non-ascii-port-digit"),
+        pytest.param(":9100", None, id="no-host"),
+    ],
+)
+def test_host_of_authority(authority: str, host: str | None) -> None:
+    assert rules.host_of_authority(authority) == host
+
+
+@pytest.mark.parametrize(
+    ("origin", "host"),
+    [
+        pytest.param("http://127.0.0.1:9100", "127.0.0.1", id="http"),
+        pytest.param("https://[::1]", "::1", id="https-v6"),
+        pytest.param("http://[::1", None, id="unclosed-v6"),
+        pytest.param("null", None, id="null"),
+        pytest.param("file://", None, id="other-scheme"),
+        pytest.param("http://localhost@evil.example", None, id="userinfo"),
+        pytest.param("http://localhost/path", None, id="path"),
+        pytest.param("http://", None, id="no-host"),
+    ],
+)
+def test_origin_host(origin: str, host: str | None) -> None:
+    assert rules.origin_host(origin) == host
+
+
+@pytest.mark.parametrize("origin", ["http://[::1", "http://[::1]:99999", "http://\udcff\udcfe", "http://[zz]"])
+def test_a_malformed_origin_is_refused_not_raised(origin: str) -> None:
+    refusal = rules.check_origin(origin, [])
+    assert refusal is not None
+    assert refusal.status == 403
