@@ -23,9 +23,18 @@ class GatewayError(Exception):
 
 
 class UpstreamUnavailable(GatewayError):
-    """The upstream is down or its connection died while the call was in flight."""
+    """The upstream is down or its connection died while the call was in flight.
+
+    ``sent`` is False only when the request's bytes certainly never left the gateway (the
+    connection was refused, or never opened); anything later may have run the call upstream.
+    """
 
     code = jsonrpc.UPSTREAM_UNAVAILABLE
+
+    def __init__(self, message: str, data: JsonObj | None = None, *, code: int | None = None,
+                 sent: bool = True) -> None:
+        super().__init__(message, data, code=code)
+        self.sent = sent
 
 
 class UpstreamTimeout(GatewayError):
