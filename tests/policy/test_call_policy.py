@@ -517,3 +517,83 @@ async def test_delegation_with_the_real_minter_verifies() -> None:
     assert grandchild.allows_tool("db_list")
     assert not grandchild.allows_tool("db_write")
     assert (await policy.budget_status(child))["remaining"] == 25
+
+
+# -- delegation: rate family and numbers -----------------------------------------------------------------
+
+
+async def test_attack_children_share_their_roots_rate_bucket() -> None:
+    policy, *_ = make_policy(rate_limit="2/s")
+    root = Identity("root")
+    children = [Identity(f"dlg-{n}", parent_id="root", depth=1, ancestors=("root",)) for n in range(10)]
+    await admit_tool(policy, root, request_id=1)
+    await admit_tool(policy, children[0], request_id=2)
+    for n, child in enumerate(children):
+        assert (await refusal(admit_tool(policy, child, request_id=10 + n))).code == -32004
+    grandchild = Identity("dlg-deep", parent_id="dlg-0", depth=2, ancestors=("root", "dlg-0"))
+    assert (await refusal(admit_tool(policy, grandchild, request_id=99))).code == -32004
+
+
+async def test_attack_a_delegate_loop_is_refused_once_the_family_bucket_is_empty() -> None:
+    """A parent with unlimited credits mints children in a loop: the loop and every child draw from one bucket."""
+    clock = FakeClock()
+    policy = CallPolicy(settings(rate_limit="5/s"), publisher=RecordingPublisher(), metrics=Metrics(), clock=clock,
+                        wall_clock=FakeClock(WALL))
+    root = Identity("root")
+
+    async def delegate_once(n: int) -> Identity:
+        await policy.admit(root, method="satgate/delegate", tool=None, session_id="s", request_id=n, params=None)
+        return verify_token(ROOT_KEY, (await policy.delegate(root, {"budget": 1}))["token"], now=WALL)
+
+    children = [await delegate_once(n) for n in range(5)]
+    assert (await refusal(delegate_once(5))).code == -32004
+    admitted = len(children)
+    for n, child in enumerate(children):
+        assert (await refusal(admit_tool(policy, child, request_id=100 + n))).code == -32004
+    assert admitted == 5  # the bucket's burst, shared by the root, its loop and all its children
+
+
+@pytest.mark.parametrize("params", [
+    pytest.param({"budget": 1e15}, id="budget-1e15"),
+    pytest.param({"budget": 1e300}, id="budget-1e300"),
+    pytest.param({"budget": float("inf")}, id="budget-inf"),
+    pytest.param({"budget": float("nan")}, id="budget-nan"),
+    pytest.param({"budget": 10**400}, id="budget-400-digits"),
+    pytest.param({"budget": -1}, id="budget-negative"),
+    pytest.param({"budget": 1, "ttl": 1e15}, id="ttl-1e15"),
+    pytest.param({"budget": 1, "ttl": 1e300}, id="ttl-1e300"),
+    pytest.param({"budget": 1, "ttl": float("inf")}, id="ttl-inf"),
+    pytest.param({"budget": 1, "ttl": 10**400}, id="ttl-400-digits"),
+    pytest.param({"budget": 1, "ttl": -5}, id="ttl-negative"),
+    pytest.param({"budget": 1, "ttl": 1e15 - 1_000_000}, id="expiry-beyond-what-a-caveat-carries"),
+])
+async def test_attack_out_of_range_numbers_are_refused_before_any_credit_moves(params: JsonObj) -> None:
+    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=FakeClock(WALL))
+    parent = Identity("parent", budget_limit=10)
+    err = await refusal(policy.delegate(parent, params))
+    assert err.data is not None
+    assert err.data["error"] == "delegation_failed"
+    assert (await policy.budget_status(parent))["remaining"] == 10
+
+
+async def test_a_minted_child_that_does_not_verify_moves_no_credits() -> None:
+    def unverifiable(root_key: str, token: str) -> Identity:
+        raise ValueError("signature does not verify")
+
+    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=FakeClock(WALL),
+                        verifier=unverifiable)
+    err = await refusal(policy.delegate(PARENT, {"budget": 4}))
+    assert err.data == {"error": "delegation_failed", "reason": "the minted child token does not verify"}
+    assert (await policy.budget_status(PARENT))["remaining"] == 10
+
+
+async def test_an_unlimited_parents_children_accounts_expire_with_them() -> None:
+    clock = FakeClock()
+    ids = iter(range(1000))
+    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), clock=clock,
+                        wall_clock=FakeClock(WALL), new_id=lambda: f"n{next(ids)}")
+    for _ in range(50):
+        await policy.delegate(Identity("rich"), {"budget": 1, "ttl": 30})
+    assert len(policy._budgets) == 50  # type: ignore[arg-type]
+    clock.advance(30 + 300)
+    assert len(policy._budgets) == 0  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ import redis.asyncio as redis
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
-from satgate_mcp.metrics import Metrics
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import BudgetStore, Charge, MemoryBudgetStore
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
