@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from satgate_mcp.auth.macaroons import (
@@ -44,7 +46,7 @@ def test_numbers_the_parser_would_refuse_are_refused_when_formatted(value: float
     pytest.param({"budget_limit": float("nan")}, id="budget-nan"),
     pytest.param({"ttl": 1e15}, id="ttl-1e15"),
 ])
-def test_attack_minting_a_token_that_could_never_verify_is_a_value_error(caveats: dict[str, float]) -> None:
+def test_attack_minting_a_token_that_could_never_verify_is_a_value_error(caveats: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="expected a"):  # never OverflowError, never an unverifiable token
         mint_token(ROOT_KEY, "t", now=1_700_000_000.0, **caveats)
 
