@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import structlog
@@ -22,7 +22,6 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.engine import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
 
 TOOLS_PAGE_SIZE = 500
@@ -59,6 +58,9 @@ class Policy(Protocol):
     async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
                     request_id: RequestId, params: JsonObj | None) -> Any: ...
     async def settle(self, admission: Any, *, ran: bool) -> None: ...
+    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
+        """Forward an admitted ``tools/call`` (identical copies in flight share one run) and settle it."""
+        ...
     async def budget_status(self, identity: Identity) -> JsonObj: ...
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj: ...
 
@@ -241,22 +243,24 @@ class Dispatcher:
             admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
                                                  request_id=request.id, params=params)
         started = self._clock()
-        reply: JsonObj | None = None
-        failure: BaseException | None = None
         outcome = "error"
         try:
-            reply = await self._pool.call("tools/call", params, on_progress=on_progress)
+            if self._policy is not None and admission is not None:
+                reply = await self._policy.run(
+                    admission, lambda: self._pool.call("tools/call", params, on_progress=on_progress))
+            else:
+                reply = await self._pool.call("tools/call", params, on_progress=on_progress)
             outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")
                                                         else "ok")
             return reply
-        except UpstreamTimeout as exc:
-            failure, outcome = exc, "timeout"
+        except UpstreamTimeout:
+            outcome = "timeout"
             raise
-        except UpstreamUnavailable as exc:
-            failure, outcome = exc, "unavailable"
+        except UpstreamUnavailable:
+            outcome = "unavailable"
             raise
-        except BaseException as exc:
-            failure, outcome = exc, "cancelled"
+        except BaseException:
+            outcome = "cancelled"
             raise
         finally:
             elapsed = self._clock() - started
@@ -264,7 +268,5 @@ class Dispatcher:
             self._metrics.upstream_latency.labels(upstream=upstream, method="tools/call").observe(elapsed)
             self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
                                     tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))
-            if self._policy is not None and admission is not None:
-                await self._policy.settle(admission, ran=not upstream_certainly_did_not_run(reply, failure))
 
 

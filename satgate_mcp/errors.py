@@ -27,12 +27,17 @@ class UpstreamUnavailable(GatewayError):
 
     Every one carries ``data.error = "upstream_unavailable"`` (-32010), whatever else its raiser adds,
     so clients can tell it from MCP's -32002 "resource not found".
+
+    ``sent`` is False only when the request's bytes certainly never left the gateway (the
+    connection was refused, or never opened); anything later may have run the call upstream.
     """
 
     code = jsonrpc.UPSTREAM_UNAVAILABLE
 
-    def __init__(self, message: str, data: JsonObj | None = None, *, code: int | None = None) -> None:
+    def __init__(self, message: str, data: JsonObj | None = None, *, code: int | None = None,
+                 sent: bool = True) -> None:
         super().__init__(message, {"error": "upstream_unavailable", **(data or {})}, code=code)
+        self.sent = sent
 
 
 class UpstreamTimeout(GatewayError):

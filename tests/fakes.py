@@ -7,7 +7,7 @@ HTTP-level rules be checked quickly and deterministically.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from satgate_mcp import jsonrpc
@@ -15,6 +15,7 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
 
 
@@ -83,6 +84,18 @@ class AllowAllPolicy:
 
     async def settle(self, admission: Any, *, ran: bool) -> None:
         self.settled.append(ran)
+
+    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
+        reply: JsonObj | None = None
+        failure: BaseException | None = None
+        try:
+            reply = await call()
+            return reply
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            await self.settle(admission, ran=not upstream_certainly_did_not_run(reply, failure))
 
     async def budget_status(self, identity: Identity) -> JsonObj:
         return {"tokenId": identity.token_id, "budgetId": identity.budget_key, "remaining": -1}

@@ -214,8 +214,10 @@ async def test_a_tool_outside_the_tokens_filter_is_refused_and_counted() -> None
 @pytest.mark.parametrize(
     ("pool", "outcome", "ran", "code"),
     [
-        pytest.param(ScriptedPool(raises=UpstreamUnavailable("down")), "unavailable", False,
-                     jsonrpc.UPSTREAM_UNAVAILABLE, id="unavailable-not-charged"),
+        pytest.param(ScriptedPool(raises=UpstreamUnavailable("down", sent=False)), "unavailable", False,
+                     jsonrpc.UPSTREAM_UNAVAILABLE, id="unavailable-before-sending-not-charged"),
+        pytest.param(ScriptedPool(raises=UpstreamUnavailable("reset")), "unavailable", True,
+                     jsonrpc.UPSTREAM_UNAVAILABLE, id="lost-after-sending-charged"),
         pytest.param(ScriptedPool(raises=UpstreamTimeout("slow")), "timeout", True, jsonrpc.UPSTREAM_TIMEOUT,
                      id="timeout-charged"),
         pytest.param(ScriptedPool(jsonrpc.error_response(0, jsonrpc.INVALID_PARAMS, "bad args")), "error", False,

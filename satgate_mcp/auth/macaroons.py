@@ -132,12 +132,24 @@ class Restrictions:
     prompt_filters: tuple[tuple[str, ...], ...] = ()
 
 
+#: Caveat numbers are below this: 15 integer digits, what the caveat number parser reads back.
+CAVEAT_NUMBER_LIMIT = 10**15
+
+
 def _format_number(value: float) -> str:
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected a finite non-negative number, got {value!r}")
+    """The caveat text of ``value``; ValueError for anything the parser would not read back."""
+    if not math.isfinite(value) or not 0 <= value < CAVEAT_NUMBER_LIMIT:
+        raise ValueError(f"expected a finite number from 0 to below {CAVEAT_NUMBER_LIMIT:.0e}, got {value!r}")
     if float(value).is_integer():
         return str(int(value))
     return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _caveat_float(value: float) -> float:
+    """``float(value)``, but ValueError (not OverflowError) for an integer too big for any caveat."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= CAVEAT_NUMBER_LIMIT:
+        raise ValueError(f"expected a number below {CAVEAT_NUMBER_LIMIT:.0e}, got {str(value)[:20]}...")
+    return float(value)
 
 
 def _parse_number(text: str) -> float:
@@ -300,11 +312,11 @@ def restriction_caveats(
         raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
     caveats: list[Caveat] = []
     if expires_at is not None:
-        caveats.append(ExpiresCaveat(float(expires_at)))
+        caveats.append(ExpiresCaveat(_caveat_float(expires_at)))
     if tools is not None:
         caveats.append(ToolsCaveat(check_tool_patterns(tools)))
     if budget_limit is not None:
-        caveats.append(BudgetLimitCaveat(float(budget_limit)))
+        caveats.append(BudgetLimitCaveat(_caveat_float(budget_limit)))
     if max_depth is not None:
         if max_depth < 0:
             raise ValueError("max_depth must be >= 0")

@@ -4,6 +4,7 @@ Transports use the ``CallPolicy`` facade; the pieces underneath are small pure f
 stores behind protocols (in memory here, Redis in ``redis_stores``).
 """
 
-from satgate_mcp.policy.engine import Admission, CallPolicy, upstream_certainly_did_not_run
+from satgate_mcp.policy.engine import Admission, CallPolicy
+from satgate_mcp.policy.refunds import FailureKind, failure_kind, refundable, upstream_certainly_did_not_run
 
-__all__ = ["Admission", "CallPolicy", "upstream_certainly_did_not_run"]
+__all__ = ["Admission", "CallPolicy", "FailureKind", "failure_kind", "refundable", "upstream_certainly_did_not_run"]

@@ -1,27 +1,31 @@
-"""Budgets: what a tool call costs, who pays, and the guard that charges a re-sent call once.
+"""Budgets: what a tool call costs and who pays.
 
 Budgets are keyed by budget id (a token without one pays from its token id), never by
 session, so a new or resumed session changes nothing. Credits are floats; comparisons allow
-a tiny slack so ``0.1 + 0.2`` fits a budget of ``0.3``.
+a tiny slack so ``0.1 + 0.2`` fits a budget of ``0.3``. A delegated child's account expires
+with the child, so minting children in a loop does not grow the store for ever.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import heapq
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.jsonrpc import JsonObj, RequestId
 
 #: Float slack for "does the cost fit what remains".
 EPSILON = 1e-9
-#: How long a (session, request id, params) triple is remembered: 24 hours.
-DUPLICATE_TTL_SECONDS = 24 * 3600.0
+#: A child's account outlives the child's token by this much, so that no clock skew between the
+#: token's expiry (wall clock) and the account's (the store's clock) ever recreates a spent account.
+CHILD_ACCOUNT_GRACE_SECONDS = 300.0
+
+
+def child_account_ttl(child_ttl: float | None) -> float | None:
+    """How long a delegated child's account is kept: its token's lifetime and a grace; None for ever."""
+    return None if child_ttl is None else child_ttl + CHILD_ACCOUNT_GRACE_SECONDS
 
 
 def resolve_cost(tool: str, costs: Mapping[str, float], default: float) -> float:
@@ -78,11 +82,12 @@ class BudgetStore(Protocol):
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None: ...
 
-    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None) -> Charge:
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
+                       ttl: float | None = None) -> Charge:
         """Atomically move ``amount`` from ``parent`` into a new budget ``child`` holding exactly that.
 
         Refused (nothing changes) when the parent is limited and holds less, or ``child`` exists.
-        An unlimited parent gives without being charged."""
+        An unlimited parent gives without being charged. ``child`` is dropped after ``ttl`` seconds."""
         ...
 
     async def close(self) -> None: ...
@@ -101,10 +106,26 @@ class _Account:
 class MemoryBudgetStore:
     """Budgets in this process; a restart starts them afresh. Methods never await, so each is atomic."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._accounts: dict[str, _Account] = {}
+        #: (expiry, key) of accounts that expire (delegated children), soonest first.
+        self._expiring: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._accounts)
+
+    def _expire(self) -> None:
+        if not self._expiring:
+            return
+        now = self._clock()
+        while self._expiring and self._expiring[0][0] <= now:
+            _, key = heapq.heappop(self._expiring)
+            self._accounts.pop(key, None)
 
     async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+        self._expire()
         account = self._accounts.get(key)
         if account is None:
             if limit is None:
@@ -122,12 +143,15 @@ class MemoryBudgetStore:
             account.spent = max(0.0, account.spent - amount)
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None:
+        self._expire()
         account = self._accounts.get(key)
         if account is None:
             return limit
         return account.remaining
 
-    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None) -> Charge:
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
+                       ttl: float | None = None) -> Charge:
+        self._expire()
         if child in self._accounts:
             return Charge(False, None)
         account = self._accounts.get(parent)
@@ -138,70 +162,9 @@ class MemoryBudgetStore:
                 return Charge(False, account.remaining, exceeded=True)
             account.spent += amount
         self._accounts[child] = _Account(amount)
+        if ttl is not None:
+            heapq.heappush(self._expiring, (self._clock() + ttl, child))
         return Charge(True, account.remaining if account is not None else None)
 
     async def close(self) -> None:
         return None
-
-
-def duplicate_key(token_id: str, session_id: str, request_id: RequestId, params: JsonObj | None) -> str:
-    """A hash of (token id, session id, request id, params without ``_meta``), stable across processes.
-
-    ``_meta`` is left out: it carries transport details (progress tokens, tracing), not the call.
-    The id keeps its JSON type, so ``1`` and ``"1"`` differ. The token id is there only so two
-    callers can never collide, whatever session ids a transport hands in.
-    """
-    body = {k: v for k, v in (params or {}).items() if k != "_meta"}
-    blob = json.dumps([token_id, session_id, request_id, body], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
-class DuplicateStore(Protocol):
-    async def claim(self, key: str) -> bool:
-        """True the first time ``key`` is seen within the window (and remember it); False after."""
-        ...
-
-    async def release(self, key: str) -> None:
-        """Forget ``key``: the call it stood for was refunded, so a re-send must pay."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class MemoryDuplicateStore:
-    """Keys in insertion order, which is also expiry order (one TTL for all).
-
-    Bounded: expired keys go first, then the oldest beyond ``cap`` (a re-send of a call that old
-    would then be charged again; the cap is the price of bounded memory).
-    """
-
-    def __init__(self, *, ttl: float = DUPLICATE_TTL_SECONDS, cap: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._ttl = ttl
-        self._cap = cap
-        self._clock = clock
-        self._expiry: OrderedDict[str, float] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._expiry)
-
-    async def claim(self, key: str) -> bool:
-        now = self._clock()
-        while self._expiry:
-            oldest, expires = next(iter(self._expiry.items()))
-            if expires > now:
-                break
-            del self._expiry[oldest]
-        if key in self._expiry:
-            return False
-        self._expiry[key] = now + self._ttl
-        while len(self._expiry) > self._cap:
-            self._expiry.popitem(last=False)
-        return True
-
-    async def release(self, key: str) -> None:
-        self._expiry.pop(key, None)
-
-    async def close(self) -> None:
-        self._expiry.clear()

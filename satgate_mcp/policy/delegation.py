@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.macaroons import CAVEAT_NUMBER_LIMIT
 from satgate_mcp.jsonrpc import JsonObj
 
 DEFAULT_MAX_DEPTH = 3
@@ -44,6 +45,12 @@ class Minter(Protocol):
         resources: Sequence[str] | None = None,
         prompts: Sequence[str] | None = None,
     ) -> str: ...
+
+
+class Verifier(Protocol):
+    """The shape of ``satgate_mcp.auth.macaroons.verify_signature``: the identity a token verifies as."""
+
+    def __call__(self, root_key: str, token: str) -> Identity: ...
 
 
 class DelegationRefused(Exception):
@@ -105,10 +112,15 @@ def effective_tools(filters: Sequence[Sequence[str]]) -> tuple[str, ...] | None:
 
 
 def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """A positive number a caveat can carry; checked before any float conversion (a 400-digit int overflows)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise DelegationRefused(f"{name} must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DelegationRefused(f"{name} must be a finite number")
     if value <= 0:
         raise DelegationRefused(f"{name} must be greater than 0")
+    if value >= CAVEAT_NUMBER_LIMIT:
+        raise DelegationRefused(f"{name} must be less than {CAVEAT_NUMBER_LIMIT:.0e}")
     return float(value)
 
 

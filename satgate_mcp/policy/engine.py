@@ -1,17 +1,19 @@
-"""The policy facade the transports call: admit a request, settle it, report budgets, delegate.
+"""The policy facade the transports call: admit a request, run and settle it, report budgets, delegate.
 
 Order for ``tools/call``: rate limit, then the duplicate guard, then the charge; a refusal at any
 step leaves nothing charged. Every other method admitted (``satgate/*`` and whatever the gateway
 forwards upstream: resources, prompts, completions) passes the rate limit only; what the gateway
-answers itself (``tools/list``, ``ping``) passes freely.
-Every limit is keyed by the verified token id or budget id, never by session; only the
-duplicate guard uses the session id (with the token id, request id and params), by design: it
-recognises one client re-sending one call, which a resumed session does under the same id. An
-empty session id (stateless requests) turns the guard off for that call.
+answers itself (``tools/list``, ``ping``) passes freely. Every limit is keyed by the verified token
+(its delegation family for rates) or budget id, never by session; only the duplicate guard uses the
+session id (with the token id, request id and params), by design: it recognises one client
+re-sending one call, which a resumed session does under the same id. Identical copies in flight
+share one execution (``run``); see duplicates.py. An empty session id (stateless requests) turns
+the guard off for that call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,31 +24,42 @@ import structlog
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.errors import GatewayError, UpstreamUnavailable
+from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import Publisher
-from satgate_mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, RATE_LIMITED, JsonObj, RequestId
+from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import (
-    DUPLICATE_TTL_SECONDS,
     BudgetStore,
-    DuplicateStore,
     MemoryBudgetStore,
-    MemoryDuplicateStore,
-    duplicate_key,
+    child_account_ttl,
     initial_limit,
     resolve_cost,
     shown_remaining,
 )
-from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, DelegationRefused, Minter, plan_child
+from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, DelegationRefused, Minter, Verifier, plan_child
+from satgate_mcp.policy.duplicates import (
+    ARRIVAL,
+    DUPLICATE_TTL_SECONDS,
+    FIRST_SETTLED,
+    REFUSED,
+    REPLAY_SETTLED,
+    Arrival,
+    DuplicateStore,
+    MemoryDuplicateStore,
+    Settlement,
+    duplicate_key,
+)
 from satgate_mcp.policy.limits import (
     MemoryRateLimiter,
     RateLimiter,
     RateSpec,
     buckets_for,
     parse_tool_rates,
+    rate_family,
     rate_spec,
     retry_after_seconds,
 )
+from satgate_mcp.policy.refunds import failure_kind, refundable
 from satgate_mcp.settings import Settings
 
 TOOLS_CALL = "tools/call"
@@ -55,47 +68,61 @@ GATEWAY_METHOD_PREFIX = "satgate/"
 UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
 BUDGET_EXHAUSTED_CODE = -32000
 DELEGATION_FAILED_CODE = -32000
-#: Upstream answers that prove the call never ran, so it is refunded.
-NOT_RUN_CODES = frozenset({INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
 _log = structlog.get_logger("satgate_mcp.policy")
 
-
-def upstream_certainly_did_not_run(reply: JsonObj | None, exc: BaseException | None) -> bool:
-    """True when the upstream surely never ran the call: it was unreachable, or it (or the
-    gateway, before forwarding) answered invalid request / method not found / invalid params.
-    A timeout, any other error, and any result mean it may have run: those stay charged."""
-    if exc is not None:
-        if isinstance(exc, UpstreamUnavailable):
-            # A call lost because the connection died mid-flight may have run; only one never sent is refunded.
-            return not (exc.data or {}).get("in_flight")
-        return isinstance(exc, GatewayError) and exc.code in NOT_RUN_CODES
-    if isinstance(reply, dict):
-        error = reply.get("error")
-        return isinstance(error, dict) and error.get("code") in NOT_RUN_CODES
-    return False
+UpstreamCall = Callable[[], Awaitable[JsonObj]]
 
 
-#: Marks, beside a duplicate key, that some copy of the call ran (so a refund of another copy is withheld).
-RAN_SUFFIX = ":ran"
+class SharedCall:
+    """The one execution that identical copies of a call in flight in this process all await.
+
+    The execution runs in its own task, so one copy going away (its client disconnected or
+    cancelled) leaves it running for the others; only when no copy waits any more is it cancelled.
+    """
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[JsonObj] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+        self.waiters = 0
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(exc)
+            self.answer.exception()  # retrieved here: copies that join re-raise it, none need to
+
+    async def join(self) -> JsonObj:
+        self.waiters += 1
+        try:
+            return await asyncio.shield(self.answer)
+        finally:
+            self.waiters -= 1
+            if self.waiters == 0 and self.task is not None and not self.task.done():
+                self.task.cancel()  # nobody wants the answer any more: let the upstream know
+                await asyncio.wait({self.task})
 
 
 @dataclass(slots=True)
 class Admission:
-    """What ``admit`` let through; hand it back to ``settle`` exactly once."""
+    """What ``admit`` let through; hand it to ``run`` (or ``settle``) exactly once."""
 
     identity: Identity
     method: str
     tool: str | None
     budget_key: str
     cost: float = 0.0
-    #: Credits taken from a limited budget by this admission (0 for duplicates and free passes).
+    #: Credits taken from a limited budget by this admission (0 for copies and free passes).
     charged: float = 0.0
     limited: bool = False
+    #: Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled.
     duplicate: bool = False
     duplicate_key: str | None = None
-    #: Set on a re-sent call admitted free: the duplicate key of the original it copies.
-    replay_key: str | None = None
+    #: How the durable record admitted it (None: no guard, or a copy joining one in this process).
+    arrival: Arrival | None = None
+    #: The execution identical copies share; None when the guard is off.
+    shared: SharedCall | None = None
+    #: This copy joins ``shared`` instead of running it.
+    follows: bool = False
     remaining: float | None = None
     settled: bool = False
 
@@ -110,6 +137,7 @@ class CallPolicy:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         minter: Minter | None = None,
+        verifier: Verifier | None = None,
         rate_limiter: RateLimiter | None = None,
         budgets: BudgetStore | None = None,
         duplicates: DuplicateStore | None = None,
@@ -124,9 +152,12 @@ class CallPolicy:
         self._metrics = metrics
         self._wall_clock = wall_clock
         self._minter = minter
-        self._limiter: RateLimiter = rate_limiter or MemoryRateLimiter(clock=clock)
-        self._budgets: BudgetStore = budgets or MemoryBudgetStore()
-        self._duplicates: DuplicateStore = duplicates or MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
+        self._verifier = verifier
+        # ``is None``, not ``or``: an empty memory store has a length of 0, yet it is the one given.
+        self._limiter: RateLimiter = MemoryRateLimiter(clock=clock) if rate_limiter is None else rate_limiter
+        self._budgets: BudgetStore = MemoryBudgetStore(clock=clock) if budgets is None else budgets
+        self._duplicates: DuplicateStore = (MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
+                                            if duplicates is None else duplicates)
         self._rate: RateSpec | None = (
             rate_spec(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None
         )
@@ -135,6 +166,8 @@ class CallPolicy:
         self._max_depth = max_delegation_depth
         self._new_id = new_id
         self._on_close = tuple(on_close)
+        #: Calls in flight in this process, by duplicate key: what identical copies join.
+        self._in_flight: dict[str, SharedCall] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics) -> CallPolicy:
@@ -149,7 +182,7 @@ class CallPolicy:
                    rate_limiter=stores.rate_limiter, budgets=stores.budgets, duplicates=stores.duplicates,
                    on_close=[stores.aclose])
 
-    # -- admit / settle -------------------------------------------------------------------------
+    # -- admit / run / settle -------------------------------------------------------------------
 
     async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
                     request_id: RequestId, params: JsonObj | None) -> Admission:
@@ -161,21 +194,106 @@ class CallPolicy:
         if method != TOOLS_CALL:
             return admission
 
-        name = tool or ""
         # A negative configured cost would mint credits; treat it as free.
-        admission.cost = cost = max(0.0, resolve_cost(name, self._settings.tool_costs, self._settings.default_cost))
+        admission.cost = max(0.0, resolve_cost(tool or "", self._settings.tool_costs, self._settings.default_cost))
         limit = initial_limit(identity, self._settings.budgets)
-        # No session id (stateless requests) means no guard: such clients reuse ids freely.
-        dup_key = duplicate_key(identity.token_id, session_id, request_id, params) if session_id else None
-        if dup_key is not None and not await self._duplicates.claim(dup_key):
-            admission.duplicate = True
-            admission.replay_key = dup_key
-            admission.remaining = await self._budgets.remaining(identity.budget_key, limit=limit)
-            self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=0,
-                                    duplicate=True, remaining=shown_remaining(admission.remaining))
+        if not session_id:  # stateless requests: no guard, such clients reuse ids freely
+            await self._charge(admission, limit)
             return admission
-        admission.duplicate_key = dup_key
+        key = admission.duplicate_key = duplicate_key(identity.token_id, session_id, request_id, params)
+        shared = self._in_flight.get(key)
+        if shared is not None:
+            admission.shared, admission.follows = shared, True
+            await self._admit_free(admission, limit)
+            return admission
+        # Registered before any await, so a copy arriving meanwhile joins this one.
+        shared = admission.shared = self._in_flight[key] = SharedCall()
+        try:
+            admission.arrival = Arrival(await self._duplicates.apply(key, ARRIVAL))
+            if admission.arrival is Arrival.REPLAY:
+                await self._admit_free(admission, limit)
+            else:
+                await self._charge(admission, limit)
+        except BaseException as exc:
+            await self._abandon(admission, key, shared, exc)
+            raise
+        return admission
 
+    async def run(self, admission: Admission, call: UpstreamCall) -> JsonObj:
+        """Forward a ``tools/call`` once for every identical copy in flight, then settle it.
+
+        Each copy gets the one answer (the transport puts its own id on it); the execution and the
+        settlement belong to the copy that leads, and run to the end whichever copies go away.
+        """
+        shared = admission.shared
+        if shared is None:
+            reply: JsonObj | None = None
+            failure: BaseException | None = None
+            try:
+                reply = await call()
+                return reply
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
+        if not admission.follows and shared.task is None:
+            shared.task = asyncio.create_task(self._execute(admission, shared, call))
+        return await shared.join()
+
+    async def _execute(self, admission: Admission, shared: SharedCall, call: UpstreamCall) -> None:
+        reply: JsonObj | None = None
+        failure: BaseException | None = None
+        try:
+            reply = await call()
+        except BaseException as exc:
+            failure = exc
+        try:
+            await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
+        finally:
+            self._forget(admission, shared)
+            if reply is not None:
+                shared.answer.set_result(reply)
+            elif isinstance(failure, asyncio.CancelledError):
+                shared.fail(_cancelled())
+            else:
+                shared.fail(failure or RuntimeError("no reply"))
+
+    async def settle(self, admission: Admission, *, ran: bool) -> None:
+        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it.
+
+        The ``tool_call`` event is the dispatcher's (it knows the upstream and outcome); a refund
+        is published as a negative ``budget_spend`` so summing spend events gives what was paid.
+        """
+        if admission.settled:
+            return
+        admission.settled = True
+        if admission.method != TOOLS_CALL or admission.follows:
+            return
+        key, amount, refund = admission.duplicate_key, admission.charged, not ran
+        try:
+            if key is not None and admission.arrival is Arrival.FIRST:
+                refund = Settlement(await self._duplicates.apply(key, FIRST_SETTLED[ran])) is Settlement.REFUND
+            elif key is not None and admission.arrival is Arrival.REPLAY:
+                # A refund here gives back the first copy's charge, which it handed over to pay for this one.
+                refund = Settlement(await self._duplicates.apply(key, REPLAY_SETTLED[ran])) is Settlement.REFUND
+                amount = admission.cost
+        finally:
+            # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
+            if admission.shared is not None:
+                self._forget(admission, admission.shared)
+                if admission.shared.task is None:  # settled without ``run``: copies waiting get no answer
+                    admission.shared.fail(_cancelled())
+        if refund and admission.limited and amount:
+            await self._budgets.refund(admission.budget_key, amount)
+            admission.remaining = (admission.remaining or 0.0) + amount
+            self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
+                                    tool=admission.tool or "", cost=-amount, refund=True,
+                                    remaining=shown_remaining(admission.remaining))
+            admission.charged = 0.0
+
+    async def _charge(self, admission: Admission, limit: float | None) -> None:
+        identity, name, cost = admission.identity, admission.tool or "", admission.cost
         charge = await self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce)
         if charge.exceeded:
             self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
@@ -183,8 +301,6 @@ class CallPolicy:
                                                               else _before(charge.remaining, cost)),
                                     enforced=not charge.allowed)
         if not charge.allowed:
-            if dup_key is not None:
-                await self._duplicates.release(dup_key)
             self._metrics.refusals.labels(reason="budget_exhausted").inc()
             raise GatewayError("Budget exhausted", {
                 "error": "budget_exhausted",
@@ -199,56 +315,35 @@ class CallPolicy:
         admission.remaining = charge.remaining
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=cost,
                                 remaining=shown_remaining(charge.remaining))
-        return admission
 
-    async def settle(self, admission: Admission, *, ran: bool) -> None:
-        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it.
-
-        The ``tool_call`` event is the dispatcher's (it knows the upstream and outcome); a refund
-        is published as a negative ``budget_spend`` so summing spend events gives what was paid.
-        """
-        if admission.settled:
-            return
-        admission.settled = True
-        if admission.method != TOOLS_CALL:
-            return
-        if admission.replay_key is not None:
-            await self._settle_replay(admission, ran=ran)
-            return
-        if ran:
-            return
-        if admission.duplicate_key is not None:
-            ran_marker = admission.duplicate_key + RAN_SUFFIX
-            if not await self._duplicates.claim(ran_marker):
-                return  # a re-send of this call ran: this charge pays for it
-            await self._duplicates.release(ran_marker)
-            await self._duplicates.release(admission.duplicate_key)
-        if admission.limited and admission.charged:
-            await self._budgets.refund(admission.budget_key, admission.charged)
-            admission.remaining = (admission.remaining or 0.0) + admission.charged
-            self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
-                                    tool=admission.tool or "", cost=-admission.charged, refund=True,
-                                    remaining=shown_remaining(admission.remaining))
-            admission.charged = 0.0
-
-    async def _settle_replay(self, admission: Admission, *, ran: bool) -> None:
-        """A re-sent call that ran is paid exactly once: by the original's charge, unless the original
-        was refunded as never sent, in which case this copy pays now."""
-        assert admission.replay_key is not None
-        if not ran:
-            return
-        await self._duplicates.claim(admission.replay_key + RAN_SUFFIX)  # the original's refund must keep its charge
-        if not await self._duplicates.claim(admission.replay_key):
-            return  # the original still holds its charge
-        limit = initial_limit(admission.identity, self._settings.budgets)
-        charge = await self._budgets.charge(admission.budget_key, admission.cost, limit=limit, enforce=False)
-        admission.charged = admission.cost
-        admission.remaining = charge.remaining
+    async def _admit_free(self, admission: Admission, limit: float | None) -> None:
+        """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
+        admission.duplicate = True
+        admission.remaining = await self._budgets.remaining(admission.budget_key, limit=limit)
+        admission.limited = admission.remaining is not None
+        extra = {"replay": True} if admission.arrival is Arrival.REPLAY else {}
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
-                                cost=admission.cost, replay=True, remaining=shown_remaining(charge.remaining))
+                                cost=0, duplicate=True, remaining=shown_remaining(admission.remaining), **extra)
+
+    async def _abandon(self, admission: Admission, key: str, shared: SharedCall, exc: BaseException) -> None:
+        """A leading copy refused (or cancelled) while being admitted: undo its record; copies share the refusal."""
+        try:
+            if admission.arrival is Arrival.FIRST:
+                await self._duplicates.apply(key, REFUSED)
+            elif admission.arrival is Arrival.REPLAY:
+                await self._duplicates.apply(key, REPLAY_SETTLED[False])
+        finally:
+            admission.settled = True
+            self._forget(admission, shared)
+            shared.fail(exc if isinstance(exc, GatewayError) else _cancelled())
+
+    def _forget(self, admission: Admission, shared: SharedCall) -> None:
+        if admission.duplicate_key is not None and self._in_flight.get(admission.duplicate_key) is shared:
+            del self._in_flight[admission.duplicate_key]
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None) -> None:
-        buckets = buckets_for(identity.token_id, tool, overall=self._rate, tool_rates=self._tool_rates)
+        # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
+        buckets = buckets_for(rate_family(identity), tool, overall=self._rate, tool_rates=self._tool_rates)
         if not buckets:
             return
         wait = await self._limiter.acquire(buckets)
@@ -288,15 +383,17 @@ class CallPolicy:
             raise GatewayError(f"Delegation failed: {exc.reason}", data, code=DELEGATION_FAILED_CODE) from None
 
     async def _delegate(self, parent: Identity, params: JsonObj | None) -> JsonObj:
+        """Validate, mint, verify, and only then move the credits: any failure leaves the parent as it was."""
         if self._settings.auth_mode != "header" or self._settings.root_key is None:
             raise DelegationRefused("delegation needs header auth")
+        root_key = self._settings.root_key.get_secret_value()
         now = self._wall_clock()
         plan = plan_child(parent, params, now=now, max_depth=self._max_depth)
         suffix = self._new_id()
         child_id, child_budget_id = f"dlg-{suffix}", f"dlg-budget-{suffix}"
         try:
             token = self._mint()(
-                self._settings.root_key.get_secret_value(), child_id,
+                root_key, child_id,
                 ttl=plan.ttl, tools=list(plan.tools) if plan.tools is not None else None,
                 budget_id=child_budget_id, budget_limit=plan.budget, tenant=parent.tenant,
                 parent_id=parent.token_id, depth=plan.depth, now=now,
@@ -308,9 +405,11 @@ class CallPolicy:
         except Exception:
             _log.exception("delegation_mint_failed", parent_id=parent.token_id)
             raise DelegationRefused("could not mint the child token") from None
+        self._check_minted(root_key, token, child_id, child_budget_id)
 
         moved = await self._budgets.transfer(parent.budget_key, child_budget_id, plan.budget,
-                                             parent_limit=initial_limit(parent, self._settings.budgets))
+                                             parent_limit=initial_limit(parent, self._settings.budgets),
+                                             ttl=child_account_ttl(plan.ttl))
         if not moved.allowed:
             if moved.exceeded:
                 raise DelegationRefused(
@@ -334,6 +433,20 @@ class CallPolicy:
             "parentRemaining": shown_remaining(moved.remaining),
         }
 
+    def _check_minted(self, root_key: str, token: str, child_id: str, child_budget_id: str) -> None:
+        """The child must verify as what was meant before any credit moves to it."""
+        if self._verifier is None:
+            from satgate_mcp.auth.macaroons import verify_signature
+
+            self._verifier = verify_signature
+        try:
+            child = self._verifier(root_key, token)
+        except Exception as exc:
+            _log.warning("delegation_child_unverifiable", child_id=child_id, error=str(exc) or repr(exc))
+            raise DelegationRefused("the minted child token does not verify") from None
+        if (child.token_id, child.budget_id) != (child_id, child_budget_id):
+            raise DelegationRefused("the minted child token does not verify")
+
     def _mint(self) -> Minter:
         if self._minter is None:
             from satgate_mcp.auth.macaroons import mint_token
@@ -351,6 +464,11 @@ class CallPolicy:
     @staticmethod
     def _fields(identity: Identity) -> dict[str, Any]:
         return {"token_id": identity.token_id, "budget_id": identity.budget_key}
+
+
+def _cancelled() -> GatewayError:
+    """What a copy that joined a call gets when that call was cancelled under it."""
+    return GatewayError("Request cancelled", {"error": "cancelled"})
 
 
 def _before(remaining_after: float | None, cost: float) -> float | None:

@@ -1,5 +1,8 @@
 """Rate limits: a token bucket per verified token id (and optionally per tool pattern).
 
+Delegated children share their root token's buckets: the family is rate-limited as one, so
+minting children never multiplies the rate, and a child's rate is at most its parent's.
+
 We keep our own bucket instead of the ``limits`` package: ``limits`` has only window
 strategies (no bucket with a burst separate from the rate), reads ``time.time()`` itself so
 it cannot be driven by a fake clock, and wants whole amounts per whole window; the bucket is a
@@ -18,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import parse_rate
 
@@ -90,10 +94,15 @@ class Bucket:
     spec: RateSpec
 
 
+def rate_family(identity: Identity) -> str:
+    """Whose allowance a token draws on: its delegation root's (a child is never a fresh bucket)."""
+    return identity.ancestors[0] if identity.ancestors else identity.token_id
+
+
 def buckets_for(
     token_id: str, tool: str | None, *, overall: RateSpec | None, tool_rates: Sequence[ToolRate]
 ) -> tuple[Bucket, ...]:
-    """Every bucket a call draws one token from; keyed by token id only, never by session."""
+    """Every bucket a call draws one token from; keyed by token id (a family's root), never by session."""
     out = []
     if overall is not None:
         out.append(Bucket(f"rate:{token_id}", overall))

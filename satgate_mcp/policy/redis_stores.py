@@ -9,6 +9,7 @@ Rate buckets take ``now`` from the caller's wall clock, so machines need roughly
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from satgate_mcp.policy.budget import DUPLICATE_TTL_SECONDS, Charge
+from satgate_mcp.policy.budget import Charge
+from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Table
 from satgate_mcp.policy.limits import Bucket
 
 DEFAULT_PREFIX = "satgate:"
@@ -75,7 +77,7 @@ redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', left))
 return 1
 """
 
-# KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited).
+# KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited), child ttl in ms ('' = none).
 # Returns {status, parent remaining ('' = unlimited)}: status ok | insufficient | exists.
 _TRANSFER_LUA = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists', ''} end
@@ -99,7 +101,27 @@ if limit then
   remaining = string.format('%.17g', limit - spent)
 end
 redis.call('HSET', KEYS[2], 'limit', ARGV[1], 'spent', '0')
+if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return {'ok', remaining}
+"""
+
+
+# KEYS[1] record; ARGV[1] ttl ms, then triples (state, new state, outcome); '' is "no record".
+# Applies the triple for the record's current state; returns its outcome.
+_APPLY_LUA = """
+local current = redis.call('GET', KEYS[1]) or ''
+for i = 2, #ARGV, 3 do
+  if ARGV[i] == current then
+    local new = ARGV[i + 1]
+    if new == '' then
+      redis.call('DEL', KEYS[1])
+    elseif new ~= current then
+      redis.call('SET', KEYS[1], new, 'PX', ARGV[1])
+    end
+    return ARGV[i + 2]
+  end
+end
+return redis.error_reply('no transition for state ' .. current)
 """
 
 
@@ -155,9 +177,11 @@ class RedisBudgetStore:
             return limit
         return float(stored_limit) - float(spent or 0)
 
-    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None) -> Charge:
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
+                       ttl: float | None = None) -> Charge:
+        ttl_ms = "" if ttl is None else str(max(1, math.ceil(ttl * 1000)))
         status, remaining = await self._transfer(
-            keys=[self._prefix + parent, self._prefix + child], args=[_num(amount), _num(parent_limit)])
+            keys=[self._prefix + parent, self._prefix + child], args=[_num(amount), _num(parent_limit), ttl_ms])
         status = status.decode() if isinstance(status, bytes) else status
         return Charge(status == "ok", _opt_float(remaining), exceeded=status == "insufficient")
 
@@ -166,17 +190,20 @@ class RedisBudgetStore:
 
 
 class RedisDuplicateStore:
+    """In-flight records under ``dup:``; one Lua script applies a whole transition table atomically."""
+
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
                  ttl: float = DUPLICATE_TTL_SECONDS) -> None:
-        self._client = client
         self._prefix = prefix + "dup:"
-        self._ttl_ms = max(1, int(ttl * 1000))
+        self._ttl_ms = str(max(1, int(ttl * 1000)))
+        self._apply = client.register_script(_APPLY_LUA)
 
-    async def claim(self, key: str) -> bool:
-        return bool(await self._client.set(self._prefix + key, b"1", nx=True, px=self._ttl_ms))
-
-    async def release(self, key: str) -> None:
-        await self._client.delete(self._prefix + key)
+    async def apply(self, key: str, table: Table) -> str:
+        args = [self._ttl_ms]
+        for state, (new, out) in table.items():
+            args += [state or "", new or "", out]
+        outcome = await self._apply(keys=[self._prefix + key], args=args)
+        return outcome.decode() if isinstance(outcome, bytes) else str(outcome)
 
     async def close(self) -> None:
         return None

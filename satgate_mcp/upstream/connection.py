@@ -84,8 +84,10 @@ class UpstreamConnection(Generic[SpecT]):
             async with asyncio.timeout(delay):
                 await self._closing.wait()
 
-    def _unavailable(self, message: str, **data: Any) -> UpstreamUnavailable:
-        return UpstreamUnavailable(message, {"error": "upstream_unavailable", "upstream": self.name, **data})
+    def _unavailable(self, message: str, *, sent: bool = True, **data: Any) -> UpstreamUnavailable:
+        """``sent=False`` only where the request certainly never left: that alone earns a refund."""
+        return UpstreamUnavailable(message, {"error": "upstream_unavailable", "upstream": self.name, **data},
+                                   sent=sent)
 
     def _count_restart(self, **fields: Any) -> None:
         self._metrics.upstream_restarts.labels(upstream=self.name).inc()

@@ -134,15 +134,19 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         sent = False
         try:
             async with asyncio.timeout(budget):
-                await self._ensure_ready()
+                try:
+                    await self._ensure_ready()
+                except UpstreamUnavailable as exc:
+                    exc.sent = False  # the handshake failed: this request was never posted
+                    raise
                 sent = True
                 reply = await self._exchange(message)
                 await self._inbox.close_route(route, drain=True)
             return reply
         except TimeoutError:
-            if not self._ready.is_set():
-                raise UpstreamUnavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
-                                          {"error": "upstream_unavailable", "upstream": self.name}) from None
+            if not sent or not self._ready.is_set():
+                raise self._unavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
+                                        sent=sent) from None
             if sent:
                 await self._send_cancel(upstream_id, f"timed out after {budget:g}s")
             raise UpstreamTimeout(
@@ -186,7 +190,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
 
     def _check_open(self) -> None:
         if self._closing.is_set() or self._http is None:
-            raise self._unavailable(f"upstream {self.name!r} is not running")
+            raise self._unavailable(f"upstream {self.name!r} is not running", sent=False)
 
     def _reconnect(self) -> None:
         """Keep trying to initialize in the background so readiness recovers without a call."""
@@ -305,7 +309,9 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         except (aiohttp.ClientError, OSError) as exc:
             why = str(exc) or type(exc).__name__
             self._connection_lost(why)
-            raise self._unavailable(f"cannot reach upstream {self.name!r}: {why}") from None
+            # Only a failed connect proves nothing was sent; a reset or a lost reply may follow a run.
+            sent = not isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+            raise self._unavailable(f"cannot reach upstream {self.name!r}: {why}", sent=sent) from None
 
     async def _post_message(self, message: JsonObj) -> int:
         """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""

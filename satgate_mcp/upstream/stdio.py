@@ -216,9 +216,9 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
 
     async def _await_ready(self, budget: float) -> None:
         if self._closing.is_set():
-            raise self._unavailable(f"upstream {self.name!r} is shut down")
+            raise self._unavailable(f"upstream {self.name!r} is shut down", sent=False)
         if not await self.wait_ready(min(self._ready_grace, budget)):
-            raise self._unavailable(f"upstream {self.name!r} is not running (starting or restarting)")
+            raise self._unavailable(f"upstream {self.name!r} is not running (starting or restarting)", sent=False)
 
     async def _roundtrip(
         self, method: str, params: JsonObj | None, timeout: float, on_progress: ProgressCallback | None
@@ -255,7 +255,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         proc = self._proc
         stdin = proc.stdin if proc is not None else None
         if stdin is None or stdin.is_closing():
-            raise self._unavailable(f"upstream {self.name!r} is not running")
+            raise self._unavailable(f"upstream {self.name!r} is not running", sent=False)
         line = encode_message(message) + b"\n"
         async with self._write_lock:
             try:

@@ -39,6 +39,8 @@ from tests.fakes import FakeClock, FakePool
 ROOT_KEY = "limits-http-root-key-0123456789abcdef"
 WALL = 1_700_000_000.0
 LATEST = "2025-11-25"
+#: The one protocol version with JSON-RPC batches.
+BATCH_ERA = "2025-03-26"
 #: Bound on awaiting something the gateway does.
 WAIT = 10.0
 CONCURRENT_CALLS = 100
@@ -64,8 +66,8 @@ class ScriptedPool(FakePool):
         self.calls.append((method, params))
         args = (params or {}).get("arguments") or {}
         if "unreachable" in args:
-            raise UpstreamUnavailable("upstream is down", {"error": "upstream_unavailable",
-                                                           "in_flight": args["unreachable"] == "in_flight"})
+            raise UpstreamUnavailable("upstream is down", {"error": "upstream_unavailable"},
+                                      sent=args["unreachable"] == "in_flight")
         return jsonrpc.error_response(0, int(args["code"]), "the upstream refused")
 
 
@@ -77,7 +79,7 @@ class DownBeforeSendingPool(ScriptedPool):
         self.calls.append((method, params))
         self.started.set()
         await self.release.wait()
-        raise UpstreamUnavailable("upstream is down", {"error": "upstream_unavailable", "in_flight": False})
+        raise UpstreamUnavailable("upstream is down", {"error": "upstream_unavailable"}, sent=False)
 
 
 class CountingPublisher(RecordingPublisher):
@@ -141,20 +143,21 @@ class Gateway:
     client: TestClient[web.Request, web.Application]
     pool: ScriptedPool
 
-    async def post(self, token: str | None, body: Any, session_id: str | None = None) -> Answer:
+    async def post(self, token: str | None, body: Any, session_id: str | None = None, protocol: str = LATEST
+                   ) -> Answer:
         headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if session_id is not None:
             headers["Mcp-Session-Id"] = session_id
-            headers["MCP-Protocol-Version"] = LATEST
+            headers["MCP-Protocol-Version"] = protocol
         async with self.client.post("/mcp", headers=headers, data=json.dumps(body)) as resp:
             text = await resp.text()
             return Answer(resp.status, resp.headers, json.loads(text) if text else None)
 
-    async def initialize(self, token: str) -> str:
+    async def initialize(self, token: str, protocol: str = LATEST) -> str:
         answer = await self.post(token, jsonrpc.request_message(0, "initialize", {
-            "protocolVersion": LATEST, "capabilities": {}, "clientInfo": {"name": "limits-http", "version": "1"}}))
+            "protocolVersion": protocol, "capabilities": {}, "clientInfo": {"name": "limits-http", "version": "1"}}))
         assert answer.status == 200, answer.body
         return answer.headers["Mcp-Session-Id"]
 
@@ -197,10 +200,18 @@ class Deployment:
     aiohttp_client: AiohttpClient
 
     async def start(self, *, metrics: Metrics | None = None, pool: ScriptedPool | None = None) -> Gateway:
-        """A gateway process on this deployment; calling it again is a restart or a second replica."""
+        """A gateway process on this deployment; calling it again is a restart or a second replica.
+
+        Each process has its own policy (what it holds in memory: the calls in flight there) over the
+        deployment's stores (budgets, duplicate records, rate buckets), as with a shared store.
+        """
         pool = pool or ScriptedPool()
-        app = create_app(self.settings, authenticator=self.authenticator, pool=pool, policy=self.policy,
-                         publisher=self.publisher, metrics=metrics or self.metrics, clock=self.clock)
+        metrics = metrics or self.metrics
+        policy = CallPolicy(self.settings, publisher=self.publisher, metrics=metrics, clock=self.clock,
+                            tool_rate_limits=self.settings.tool_rate_limits, budgets=self.policy._budgets,
+                            duplicates=self.policy._duplicates, rate_limiter=self.policy._limiter)
+        app = create_app(self.settings, authenticator=self.authenticator, pool=pool, policy=policy,
+                         publisher=self.publisher, metrics=metrics, clock=self.clock)
         return Gateway(app, await self.aiohttp_client(app), pool)
 
     async def remaining(self, token: str) -> float:
@@ -418,16 +429,16 @@ async def test_a_call_the_upstream_certainly_never_ran_is_refunded(
 SAME_CALL: JsonObj = {"name": "echo", "arguments": {"text": "pay once"}}
 
 
-@pytest.mark.parametrize(("another_session", "request_id", "params", "charged"), [
-    pytest.param(False, 1, SAME_CALL, 0, id="same-session-id-and-params"),
-    pytest.param(False, 1, {**SAME_CALL, "_meta": {"traceparent": "00-ab-cd-01"}}, 0, id="only-meta-differs"),
-    pytest.param(False, 1, {"name": "echo", "arguments": {"text": "other"}}, 1, id="same-id-other-params"),
-    pytest.param(False, 2, SAME_CALL, 1, id="other-id-same-params"),
-    pytest.param(False, "1", SAME_CALL, 1, id="same-id-as-a-string"),
-    pytest.param(True, 1, SAME_CALL, 1, id="same-call-in-another-session"),
+@pytest.mark.parametrize(("another_session", "request_id", "params"), [
+    pytest.param(False, 1, SAME_CALL, id="same-session-id-and-params"),
+    pytest.param(False, 1, {**SAME_CALL, "_meta": {"traceparent": "00-ab-cd-01"}}, id="only-meta-differs"),
+    pytest.param(False, 1, {"name": "echo", "arguments": {"text": "other"}}, id="same-id-other-params"),
+    pytest.param(False, 2, SAME_CALL, id="other-id-same-params"),
+    pytest.param(False, "1", SAME_CALL, id="same-id-as-a-string"),
+    pytest.param(True, 1, SAME_CALL, id="same-call-in-another-session"),
 ])
-async def test_the_duplicate_guard_charges_a_re_sent_call_once(
-        deploy: Deploy, another_session: bool, request_id: RequestId, params: JsonObj, charged: int) -> None:
+async def test_attack_re_sending_a_settled_call_is_charged_as_a_new_call(
+        deploy: Deploy, another_session: bool, request_id: RequestId, params: JsonObj) -> None:
     deployment = deploy()
     gw = await deployment.start()
     token = mint(budget_limit=10)
@@ -437,9 +448,63 @@ async def test_the_duplicate_guard_charges_a_re_sent_call_once(
     second_sid = await gw.initialize(token) if another_session else sid
     again = await gw.rpc(token, second_sid, "tools/call", params, request_id=request_id)
 
-    assert "result" in again.body  # a duplicate is answered, not refused
+    assert "result" in again.body
     assert gw.forwarded() == 2
-    assert await deployment.remaining(token) == 10 - 1 - charged
+    assert await deployment.remaining(token) == 8
+
+
+async def test_attack_re_sending_a_settled_call_with_an_exhausted_budget_is_refused(deploy: Deploy) -> None:
+    deployment = deploy()
+    gw = await deployment.start()
+    token = mint(budget_limit=1)
+    sid = await gw.initialize(token)
+    assert echoed(await gw.rpc(token, sid, "tools/call", SAME_CALL, request_id=1), "pay once")
+
+    for _ in range(3):
+        assert refused_for(await gw.rpc(token, sid, "tools/call", SAME_CALL, request_id=1)) == "budget_exhausted"
+
+    assert gw.forwarded() == 1
+    assert await deployment.remaining(token) == 0
+
+
+async def test_attack_twenty_identical_copies_in_one_batch_run_once_upstream(deploy: Deploy) -> None:
+    deployment = deploy()
+    gw = await deployment.start()
+    token = mint(budget_limit=10)
+    sid = await gw.initialize(token, BATCH_ERA)
+    copy = jsonrpc.request_message(7, "tools/call", {"name": "block", "arguments": {"text": "once"}})
+
+    batch = asyncio.create_task(gw.post(token, [copy] * 20, sid, BATCH_ERA))
+    await asyncio.wait_for(gw.pool.started.wait(), WAIT)
+    gw.pool.release.set()
+    answer = await asyncio.wait_for(batch, WAIT)
+
+    assert answer.status == 200
+    assert len(answer.body) == 20
+    assert all(item["id"] == 7 and item["result"]["content"][0]["text"] == "once" for item in answer.body)
+    assert gw.forwarded() == 1
+    assert await deployment.remaining(token) == 9
+
+
+async def test_attack_a_call_whose_process_died_lets_one_re_send_through_and_no_more(deploy: Deploy) -> None:
+    deployment = deploy()
+    first = await deployment.start()
+    token = mint(budget_limit=1)
+    sid = await first.initialize(token)
+    lost = asyncio.create_task(first.call(token, sid, "block", request_id=7, text="once"))
+    await asyncio.wait_for(first.pool.started.wait(), WAIT)  # charged, in flight; then the process is gone
+
+    second, third = await deployment.start(metrics=Metrics()), await deployment.start(metrics=Metrics())
+    second.pool.release.set()
+    third.pool.release.set()
+    assert echoed(await second.call(token, sid, "block", request_id=7, text="once"), "once")  # the one free re-send
+    refused = await third.call(token, sid, "block", request_id=7, text="once")
+
+    assert refused_for(refused) == "budget_exhausted"
+    assert (first.forwarded(), second.forwarded(), third.forwarded()) == (1, 1, 0)
+    assert await deployment.remaining(token) == 0
+    lost.cancel()
+    await asyncio.gather(lost, return_exceptions=True)
 
 
 async def test_a_resumed_session_re_sending_its_in_flight_call_after_a_restart_is_charged_once(
@@ -526,10 +591,10 @@ async def test_delete_then_initialize_or_a_resume_gets_no_fresh_budget(deploy: D
     assert first.forwarded() + second.forwarded() == 2
 
 
-async def test_delete_then_initialize_and_a_restart_keep_the_duplicate_record(deploy: Deploy) -> None:
-    """The record is keyed by token, session id, request id and params, and lives in the policy's store, not
-    in the session object: deleting the session and opening another leaves it, and the old id, resumed on
-    another process (a tombstone is per process), re-sends its call for free."""
+async def test_a_settled_call_re_sent_from_a_deleted_session_on_another_process_is_a_new_call(
+        deploy: Deploy) -> None:
+    """Deleting the session and resuming its old id on another process (a tombstone is per process) gives
+    no free call: the first copy settled, so the re-send pays like any other call."""
     deployment = deploy()
     first = await deployment.start()
     token = mint(budget_limit=10)
@@ -543,7 +608,7 @@ async def test_delete_then_initialize_and_a_restart_keep_the_duplicate_record(de
 
     assert again.headers["Mcp-Session-Id"] == old
     assert echoed(again, "pay once")
-    assert await deployment.remaining(token) == 9
+    assert await deployment.remaining(token) == 8
 
 
 # --- satgate/budget -----------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Shared test doubles for the policy tests: a fake clock and a recording minter."""
+"""Shared test doubles for the policy tests: a fake clock and a recording minter (and its verifier)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from satgate_mcp.auth.base import Identity
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
@@ -32,6 +33,13 @@ class FakeMinter:
                            "resources": resources, "prompts": prompts})
         return f"fake-token-for-{token_id}"
 
+    def verify(self, root_key: str, token: str) -> Identity:
+        """The verifier that goes with it: a fake token verifies as what it was minted for."""
+        for call in self.calls:
+            if token == f"fake-token-for-{call['token_id']}":
+                return Identity(call["token_id"], budget_id=call["budget_id"], budget_limit=call["budget_limit"])
+        raise ValueError("not a token this minter made")
+
 
 def settings(**overrides: Any) -> Settings:
     base: dict[str, Any] = {"auth_mode": "header", "root_key": ROOT_KEY, "enforcement": "control"}
@@ -45,8 +53,17 @@ def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, *
     kwargs = {k: overrides.pop(k) for k in ("tool_rate_limits", "max_delegation_depth", "new_id")
               if k in overrides}
     policy = CallPolicy(settings(**overrides), publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
-                        wall_clock=wall or FakeClock(1_700_000_000.0), minter=minter, **kwargs)
+                        wall_clock=wall or FakeClock(1_700_000_000.0), minter=minter, verifier=minter.verify,
+                        **kwargs)
     return policy, publisher, metrics, minter
+
+
+def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None) -> CallPolicy:
+    """Another process on the same deployment: its own memory (calls in flight), the first one's stores."""
+    publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
+    return CallPolicy(policy._settings, publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
+                      minter=minter, verifier=minter.verify, budgets=policy._budgets, duplicates=policy._duplicates,
+                      rate_limiter=policy._limiter)
 
 
 def refusals(metrics: Metrics, reason: str) -> float:

@@ -1,9 +1,8 @@
-"""Cost resolution, budget accounts and the duplicate guard, below the facade."""
+"""Cost resolution and budget accounts, below the facade."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -11,8 +10,7 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.policy.budget import (
     Charge,
     MemoryBudgetStore,
-    MemoryDuplicateStore,
-    duplicate_key,
+    child_account_ttl,
     initial_limit,
     resolve_cost,
     shown_remaining,
@@ -134,46 +132,16 @@ async def test_concurrent_charges_never_overspend() -> None:
     assert await store.remaining("b", limit=7) == 0
 
 
-Call = tuple[str, str, int | str, dict[str, Any] | None]  # token id, session id, request id, params
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "same"),
-    [
-        pytest.param(("t", "s", 1, {"name": "x", "arguments": {"q": 1, "r": 2}}),
-                     ("t", "s", 1, {"arguments": {"r": 2, "q": 1}, "name": "x"}), True, id="key-order-irrelevant"),
-        pytest.param(("t", "s", 1, {"name": "x", "_meta": {"progressToken": 1}}),
-                     ("t", "s", 1, {"name": "x", "_meta": {"progressToken": 2}}), True, id="meta-ignored"),
-        pytest.param(("t", "s", 1, None), ("t", "s", 1, {}), True, id="no-params-is-empty-params"),
-        pytest.param(("t", "s", 1, {"name": "x"}), ("t", "s", "1", {"name": "x"}), False, id="id-type-matters"),
-        pytest.param(("t", "s", 1, {"name": "x"}), ("t", "z", 1, {"name": "x"}), False, id="session-matters"),
-        pytest.param(("t", "s", 1, {"name": "x"}), ("t", "s", 1, {"name": "y"}), False, id="params-matter"),
-        pytest.param(("t", "s", 1, {"name": "x"}), ("u", "s", 1, {"name": "x"}), False, id="token-matters"),
-    ],
-)
-def test_duplicate_key(a: Call, b: Call, same: bool) -> None:
-    assert (duplicate_key(*a) == duplicate_key(*b)) is same
-
-
-async def test_duplicate_store_remembers_for_its_ttl() -> None:
+async def test_attack_child_accounts_expire_with_the_child() -> None:
+    """Minting children in a loop must not grow the store for ever: each account goes with its token."""
     clock = FakeClock()
-    store = MemoryDuplicateStore(ttl=24 * 3600, clock=clock)
-    assert await store.claim("k")
-    clock.advance(24 * 3600 - 1)
-    assert not await store.claim("k")
+    store = MemoryBudgetStore(clock=clock)
+    for n in range(100):
+        assert (await store.transfer("parent", f"child-{n}", 1, parent_limit=None, ttl=child_account_ttl(60))).allowed
+    assert (await store.transfer("parent", "forever", 1, parent_limit=None)).allowed
+    assert len(store) == 101
+    clock.advance(60 + 299)
+    assert await store.remaining("child-0", limit=None) == 1
     clock.advance(1)
-    assert await store.claim("k")
-
-
-async def test_duplicate_store_release_and_bounds() -> None:
-    clock = FakeClock()
-    store = MemoryDuplicateStore(ttl=10, cap=3, clock=clock)
-    assert await store.claim("a")
-    await store.release("a")
-    assert await store.claim("a")
-    for key in "bcd":
-        assert await store.claim(key)
-    assert len(store) == 3  # "a", the oldest, gave way to the cap
-    clock.advance(10)
-    assert await store.claim("e")
-    assert len(store) == 1  # everything older expired
+    assert len(store) == 1  # only the child without an expiry is left
+    assert await store.remaining("child-0", limit=None) is None

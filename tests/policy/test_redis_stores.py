@@ -16,8 +16,18 @@ import redis.asyncio as redis
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import BudgetStore, Charge, MemoryBudgetStore
+from satgate_mcp.policy.duplicates import (
+    ARRIVAL,
+    FIRST_SETTLED,
+    REPLAY_SETTLED,
+    Arrival,
+    DuplicateStore,
+    MemoryDuplicateStore,
+    Settlement,
+)
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.limits import Bucket, RateSpec
 from satgate_mcp.policy.redis_stores import RedisStores
@@ -128,12 +138,75 @@ async def test_rate_bucket_with_fake_clock(prefix: str) -> None:
         await s.aclose()
 
 
-async def test_duplicate_claims(stores: RedisStores, prefix: str) -> None:
-    assert await stores.duplicates.claim("k")
-    assert not await stores.duplicates.claim("k")
+@pytest.fixture(params=["memory", "redis"])
+async def duplicate_store(request: pytest.FixtureRequest) -> AsyncIterator[DuplicateStore]:
+    if request.param == "memory":
+        yield MemoryDuplicateStore()
+        return
+    async with unique_prefix() as name:
+        s = RedisStores.from_url(REDIS_URL, prefix=name)
+        yield s.duplicates
+        await s.aclose()
+
+
+async def test_duplicate_store_contract(duplicate_store: DuplicateStore) -> None:
+    assert await duplicate_store.apply("k", ARRIVAL) == Arrival.FIRST
+    assert await duplicate_store.apply("k", ARRIVAL) == Arrival.REPLAY
+    assert await duplicate_store.apply("k", ARRIVAL) == Arrival.AGAIN
+    assert await duplicate_store.apply("k", FIRST_SETTLED[False]) == Settlement.KEEP  # it pays for the re-send
+    assert await duplicate_store.apply("k", REPLAY_SETTLED[False]) == Settlement.REFUND  # which never ran either
+    assert await duplicate_store.apply("k", ARRIVAL) == Arrival.FIRST  # settled: the next copy is a new call
+
+
+async def test_in_flight_records_live_24_hours_in_redis(stores: RedisStores, prefix: str) -> None:
+    await stores.duplicates.apply("k", ARRIVAL)
     assert 23 * 3600 * 1000 < await stores.client.pttl(prefix + "dup:k") <= 24 * 3600 * 1000
-    await stores.duplicates.release("k")
-    assert await stores.duplicates.claim("k")
+    await stores.duplicates.apply("k", FIRST_SETTLED[True])
+    assert await stores.client.exists(prefix + "dup:k") == 0
+
+
+async def test_attack_a_child_budget_key_expires_with_the_child(stores: RedisStores, prefix: str) -> None:
+    assert (await stores.budgets.transfer("p", "child", 3, parent_limit=10, ttl=60)).allowed
+    assert 59_000 < await stores.client.pttl(prefix + "budget:child") <= 60_000
+    assert (await stores.budgets.transfer("p", "forever", 3, parent_limit=10)).allowed
+    assert await stores.client.pttl(prefix + "budget:forever") == -1
+    assert await stores.client.pttl(prefix + "budget:p") == -1
+
+
+async def test_attack_over_redis_a_call_whose_process_died_gets_one_free_re_send_and_no_more(prefix: str) -> None:
+    def process() -> tuple[CallPolicy, RedisStores]:
+        s = RedisStores.from_url(REDIS_URL, prefix=prefix)
+        return CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), rate_limiter=s.rate_limiter,
+                          budgets=s.budgets, duplicates=s.duplicates, on_close=[s.aclose]), s
+
+    agent = Identity("agent", budget_limit=1)
+    params: JsonObj = {"name": "echo", "arguments": {"text": "hi"}}
+    runs: list[int] = []
+
+    async def upstream() -> JsonObj:
+        runs.append(1)
+        return {"jsonrpc": "2.0", "id": None, "result": {"content": []}}
+
+    async def send(policy: CallPolicy) -> JsonObj:
+        admission = await policy.admit(agent, method="tools/call", tool="echo", session_id="s", request_id=7,
+                                       params=params)
+        return await policy.run(admission, upstream)
+
+    died, _ = process()
+    await died.admit(agent, method="tools/call", tool="echo", session_id="s", request_id=7, params=params)
+    await died.close()  # the process is gone; its record says the call is still in flight
+    restarted, _ = process()
+    again, _ = process()
+    try:
+        assert "result" in await send(restarted)  # the one free re-send
+        with pytest.raises(GatewayError) as refused:  # settled now: a new call, and the budget is spent
+            await send(again)
+        assert refused.value.data == {"error": "budget_exhausted", "tool": "echo", "cost_credits": 1,
+                                      "remaining_credits": 0, "token_id": "agent", "budget_id": "agent"}
+        assert len(runs) == 1
+    finally:
+        await restarted.close()
+        await again.close()
 
 
 async def test_policy_over_redis_hundred_concurrent_admits(prefix: str) -> None:
