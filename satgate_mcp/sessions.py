@@ -204,7 +204,7 @@ class SessionRegistry:
     def open(self, token: str, identity: Identity, protocol_version: str) -> Session:
         """A new session for ``initialize``; raises RegistryFull (TokenSessionsBusy for the token's quota)."""
         now = self._clock()
-        self._admit(identity.token_id, now)
+        self._admit(identity.family_id, now)
         sid = make_session_id(token)
         session = Session(sid, token_hash(token), identity, protocol_version, now, now)
         self._insert(session)
@@ -244,13 +244,13 @@ class SessionRegistry:
         self._expire_tombstones(now)
         if session_id in self._tombstones:
             return ResumeRefusal.DELETED
-        if self._blocked.get(identity.token_id, 0.0) > now:
+        if self._blocked.get(identity.family_id, 0.0) > now:
             return ResumeRefusal.TOMBSTONE_QUOTA
         if now < self._resume_blocked_until:
             return ResumeRefusal.TOMBSTONES_FULL
         if existing is not None:
             self._drop(session_id, CloseReason.IDLE)
-        self._admit(identity.token_id, now)
+        self._admit(identity.family_id, now)
         session = Session(session_id, token_hash(token), identity, protocol_version, now, now, resumed=True)
         self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=session_id, token_id=identity.token_id,
@@ -332,7 +332,7 @@ class SessionRegistry:
             raise RegistryFull(self.retry_after())
 
     def _insert(self, session: Session) -> None:
-        session.quota_key = session.identity.token_id
+        session.quota_key = session.identity.family_id
         self._sessions[session.id] = session
         self._by_token.setdefault(session.quota_key, {})[session.id] = session
 

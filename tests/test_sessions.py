@@ -454,6 +454,17 @@ def test_attack_one_token_filling_the_cap_no_longer_denies_another_tenant(
     assert all(registry.get(s.id) is s for s in bob)
 
 
+def test_attack_delegated_children_share_their_roots_session_quota(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher, cap=10, per_token=3)
+    children = [Identity(token_id=f"dlg-{i}", parent_id="alice", ancestors=("alice",), depth=1) for i in range(6)]
+    for child in children:
+        registry.open(f"tok-{child.token_id}", child, VERSION)
+    assert registry.held_by("alice") == 3
+    assert len(registry) == 3
+
+
 def test_resume_counts_toward_the_live_quota(clock: FakeClock, publisher: RecordingPublisher) -> None:
     registry = quota_registry(clock, publisher)
     for _ in range(5):

@@ -54,6 +54,12 @@ class Identity:
     prompt_filters: tuple[tuple[str, ...], ...] = ()
 
     @property
+    def family_id(self) -> str:
+        """Whose allowance this token draws on: its delegation root's, so minting children never
+        multiplies a rate, a session quota or an in-flight quota."""
+        return self.ancestors[0] if self.ancestors else self.token_id
+
+    @property
     def budget_key(self) -> str:
         """Budgets are keyed by budget id; a token without one spends from its own token id."""
         return self.budget_id or self.token_id

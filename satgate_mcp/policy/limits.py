@@ -96,7 +96,7 @@ class Bucket:
 
 def rate_family(identity: Identity) -> str:
     """Whose allowance a token draws on: its delegation root's (a child is never a fresh bucket)."""
-    return identity.ancestors[0] if identity.ancestors else identity.token_id
+    return identity.family_id
 
 
 def buckets_for(
