@@ -19,13 +19,9 @@ from satgate_mcp.auth.revocation import revocation_files
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.keys import (
-    AUTHENTICATOR,
-    DISPATCHER,
     INFLIGHT,
     METRICS,
-    POLICY,
     POOL,
-    PUBLISHER,
     REGISTRY,
     RESUMES_SESSIONS,
     SETTINGS,
@@ -90,12 +86,8 @@ def create_app(
     app = web.Application(middlewares=[request_logger(metrics)], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[REGISTRY] = registry
-    app[AUTHENTICATOR] = authenticator
     app[POOL] = pool
-    app[POLICY] = policy
-    app[PUBLISHER] = publisher
     app[METRICS] = metrics
-    app[DISPATCHER] = dispatcher
     app[INFLIGHT] = transport.limiter
     app[RESUMES_SESSIONS] = transport.resumes_sessions
 
