@@ -7,18 +7,22 @@ the server's message when the body parses as JSON-RPC.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy, is_valid_session_id_syntax
 
 #: Revisions served by the Streamable HTTP transport at /mcp, oldest first.
 STREAMABLE_VERSIONS: tuple[str, ...] = ("2025-03-26", "2025-06-18", "2025-11-25")
 #: The version assumed when a request carries no MCP-Protocol-Version header (spec, 2025-06-18).
 DEFAULT_VERSION_WITHOUT_HEADER = "2025-03-26"
 LATEST_VERSION = STREAMABLE_VERSIONS[-1]
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,25 @@ def session_cap_reached(retry_after: int) -> Refusal:
                    code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(retry_after)})
 
 
+def registry_full(full: RegistryFull) -> Refusal:
+    """The process cap (as ever), or this token's quota with every one of its sessions busy."""
+    if isinstance(full, TokenSessionsBusy):
+        return Refusal(503, full.reason, "Too many sessions for this token, all of them busy; retry later",
+                       code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(full.retry_after)})
+    return session_cap_reached(full.retry_after)
+
+
+def check_session_header(value: str | None) -> Refusal | None:
+    """Every request but initialize names its session; a malformed name is a 400, not an unknown id."""
+    if value is None:
+        return MISSING_SESSION
+    return None if is_valid_session_id_syntax(value) else INVALID_SESSION
+
+
+def check_batch(is_batch: bool, protocol_version: str) -> Refusal | None:
+    return BATCH_NOT_ALLOWED if is_batch and protocol_version != "2025-03-26" else None
+
+
 def bearer_challenge(resource_metadata_url: str | None, error: str | None = None) -> str:
     parts = ['Bearer realm="satgate-mcp"']
     if error:
@@ -233,3 +256,92 @@ def token_mismatch(resource_metadata_url: str | None) -> Refusal:
 
 def request_ids(messages: Iterable[object]) -> list[RequestId]:
     return [m.id for m in messages if isinstance(m, jsonrpc.Request)]
+
+
+def owes_tools_changed(method: str, tools_seen: int, tools_version: int) -> bool:
+    """The tool list changed since this client last listed it, and it is not listing it now."""
+    return method != "tools/list" and tools_seen < tools_version
+
+
+# --- what a body says ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A body refused as a whole; its answer carries the id of the request it names, when known."""
+
+    refusal: Refusal
+    request_id: RequestId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """A POST body that parsed: its messages, and whether they came as a batch."""
+
+    messages: tuple[jsonrpc.Message, ...]
+    is_batch: bool
+
+    @property
+    def requests(self) -> list[jsonrpc.Request]:
+        return [m for m in self.messages if isinstance(m, jsonrpc.Request)]
+
+    @property
+    def notifications(self) -> list[jsonrpc.Notification]:
+        return [m for m in self.messages if isinstance(m, jsonrpc.Notification)]
+
+    @property
+    def first_id(self) -> RequestId | None:
+        """The id a refusal of the whole POST answers with."""
+        return next((m.id for m in self.requests), None)
+
+    @property
+    def method(self) -> str:
+        """What the request log line names: the first method in the body, or ``response``."""
+        return next((m.method for m in self.messages if not isinstance(m, jsonrpc.Response)), "response")
+
+    @property
+    def initialize(self) -> jsonrpc.Request | None:
+        return next((m for m in self.requests if m.method == "initialize"), None)
+
+
+def decode_json(raw: bytes) -> object:
+    """The decoded body, or PARSE_ERROR (a Refusal) for bytes that are not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return PARSE_ERROR
+
+
+def parse_one(value: object) -> jsonrpc.Message | Rejected:
+    try:
+        return jsonrpc.parse_message(value)
+    except jsonrpc.InvalidMessage as exc:
+        return Rejected(invalid_message(str(exc)), exc.request_id)
+
+
+def classify(raw: bytes) -> Post | Rejected:
+    """A /mcp body as messages; the first item that is not a JSON-RPC message refuses the whole POST."""
+    decoded = decode_json(raw)
+    if isinstance(decoded, Refusal):
+        return Rejected(decoded)
+    is_batch = isinstance(decoded, list)
+    items = decoded if isinstance(decoded, list) else [decoded]
+    if is_batch and not items:
+        return Rejected(EMPTY_BATCH)
+    messages: list[jsonrpc.Message] = []
+    for item in items:
+        message = parse_one(item)
+        if isinstance(message, Rejected):
+            return message
+        messages.append(message)
+    post = Post(tuple(messages), is_batch)
+    initialize = post.initialize
+    if is_batch and initialize is not None:
+        return Rejected(INITIALIZE_IN_BATCH, initialize.id)
+    return post
+
+
+def parse_single(raw: bytes) -> jsonrpc.Message | Rejected:
+    """A legacy /message body: exactly one message, no batches."""
+    decoded = decode_json(raw)
+    return Rejected(decoded) if isinstance(decoded, Refusal) else parse_one(decoded)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome
+from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy
 from satgate_mcp.transport import rules
-from satgate_mcp.transport.rules import Refusal
+from satgate_mcp.transport.rules import Post, Refusal, Rejected
 
 METADATA_URL = "https://gw.example/.well-known/oauth-protected-resource"
 LOOPBACK_BIND = "127.0.0.1"
@@ -219,6 +222,10 @@ def test_token_mismatch(oauth: bool, status: int, error: str) -> None:
         pytest.param(rules.body_too_large(1024), 413, "body_too_large", {}, id="too-large"),
         pytest.param(rules.GET_NOT_ALLOWED, 405, "method_not_allowed", {"Allow": "POST, DELETE"}, id="get"),
         pytest.param(rules.session_cap_reached(12), 503, "session_cap_reached", {"Retry-After": "12"}, id="cap"),
+        pytest.param(rules.registry_full(RegistryFull(7)), 503, "session_cap_reached", {"Retry-After": "7"},
+                     id="registry-full-is-the-cap"),
+        pytest.param(rules.registry_full(TokenSessionsBusy(1)), 503, "session_quota_reached", {"Retry-After": "1"},
+                     id="token-sessions-all-busy"),
     ],
 )
 def test_fixed_refusals(refusal: Refusal, status: int, error: str, headers: dict[str, str]) -> None:
@@ -285,3 +292,116 @@ def test_a_malformed_origin_is_refused_not_raised(origin: str) -> None:
     refusal = rules.check_origin(origin, [])
     assert refusal is not None
     assert refusal.status == 403
+
+
+@pytest.mark.parametrize(
+    ("header", "error"),
+    [
+        pytest.param(None, "missing_session_id", id="missing"),
+        pytest.param("", "invalid_session_id", id="empty"),
+        pytest.param("mcp-abc def", "invalid_session_id", id="space"),
+        pytest.param("x" * 257, "invalid_session_id", id="too-long"),
+        pytest.param("mcp-unknown-but-visible-ascii", None, id="well-formed-even-if-unknown"),
+    ],
+)
+def test_session_header(header: str | None, error: str | None) -> None:
+    refusal = rules.check_session_header(header)
+    if error is None:
+        assert refusal is None
+    else:
+        assert_refused(refusal, 400, error)
+
+
+@pytest.mark.parametrize(
+    ("is_batch", "version", "refused"),
+    [
+        pytest.param(False, "2025-06-18", False, id="single"),
+        pytest.param(True, "2025-03-26", False, id="batch-on-2025-03-26"),
+        pytest.param(True, "2025-06-18", True, id="batch-on-2025-06-18"),
+        pytest.param(True, "2025-11-25", True, id="batch-on-2025-11-25"),
+    ],
+)
+def test_batch(is_batch: bool, version: str, refused: bool) -> None:
+    refusal = rules.check_batch(is_batch, version)
+    if refused:
+        assert_refused(refusal, 400, "batch_not_supported")
+    else:
+        assert refusal is None
+
+
+@pytest.mark.parametrize(
+    ("method", "seen", "current", "owed"),
+    [
+        pytest.param("tools/call", 1, 2, True, id="changed-since-last-listed"),
+        pytest.param("tools/call", 2, 2, False, id="unchanged"),
+        pytest.param("tools/list", 1, 2, False, id="listing-now"),
+        pytest.param("ping", 0, 5, True, id="any-other-method"),
+    ],
+)
+def test_owes_tools_changed(method: str, seen: int, current: int, owed: bool) -> None:
+    assert rules.owes_tools_changed(method, seen, current) is owed
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+PING = {"jsonrpc": "2.0", "id": 7, "method": "ping"}
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+NOTE = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+ANSWER = {"jsonrpc": "2.0", "id": 3, "result": {}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "request_id"),
+    [
+        pytest.param(b"{not json", "parse_error", None, id="not-json"),
+        pytest.param(b"\xff\xfe", "parse_error", None, id="not-utf8"),
+        pytest.param(b"[" * 100_000, "parse_error", None, id="too-deep"),
+        pytest.param(_json([]), "invalid_request", None, id="empty-batch"),
+        pytest.param(_json(42), "invalid_request", None, id="not-an-object"),
+        pytest.param(_json([PING, {"jsonrpc": "1.0", "id": 9, "method": "x"}]), "invalid_request", 9,
+                     id="bad-item-names-its-id"),
+        pytest.param(_json([PING, INIT]), "invalid_request", 1, id="initialize-in-batch"),
+    ],
+)
+def test_classify_refuses(raw: bytes, error: str, request_id: object) -> None:
+    rejected = rules.classify(raw)
+    assert isinstance(rejected, Rejected)
+    assert rejected.refusal.error == error
+    assert rejected.request_id == request_id
+
+
+@pytest.mark.parametrize(
+    ("raw", "is_batch", "method", "first_id", "initializes"),
+    [
+        pytest.param(_json(PING), False, "ping", 7, False, id="single-request"),
+        pytest.param(_json(INIT), False, "initialize", 1, True, id="initialize"),
+        pytest.param(_json(NOTE), False, "notifications/initialized", None, False, id="notification"),
+        pytest.param(_json(ANSWER), False, "response", None, False, id="response-only"),
+        pytest.param(_json([NOTE, PING]), True, "notifications/initialized", 7, False, id="batch"),
+    ],
+)
+def test_classify(raw: bytes, is_batch: bool, method: str, first_id: object, initializes: bool) -> None:
+    post = rules.classify(raw)
+    assert isinstance(post, Post)
+    assert (post.is_batch, post.method, post.first_id, post.initialize is not None) == (
+        is_batch, method, first_id, initializes)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        pytest.param(b"{not json", "parse_error", id="not-json"),
+        pytest.param(_json([PING]), "invalid_request", id="no-batches-on-legacy"),
+        pytest.param(_json({"id": 1, "method": "ping"}), "invalid_request", id="not-json-rpc"),
+    ],
+)
+def test_parse_single_refuses(raw: bytes, error: str) -> None:
+    rejected = rules.parse_single(raw)
+    assert isinstance(rejected, Rejected)
+    assert rejected.refusal.error == error
+
+
+def test_parse_single_takes_one_message() -> None:
+    assert rules.parse_single(_json(PING)) == jsonrpc.Request(7, "ping", None)
