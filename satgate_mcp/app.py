@@ -31,6 +31,7 @@ from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import health, oauth
+from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.streamable import StreamableHttpTransport
@@ -79,8 +80,8 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
-    transport = StreamableHttpTransport(settings=settings, registry=registry, authenticator=authenticator,
-                                        dispatcher=dispatcher, publisher=publisher, metrics=metrics)
+    edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
+                publisher=publisher, metrics=metrics)
 
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
     app = web.Application(middlewares=[request_logger(metrics)], client_max_size=settings.max_body_bytes + 1)
@@ -88,11 +89,11 @@ def create_app(
     app[REGISTRY] = registry
     app[POOL] = pool
     app[METRICS] = metrics
-    app[INFLIGHT] = transport.limiter
-    app[RESUMES_SESSIONS] = transport.resumes_sessions
+    app[INFLIGHT] = edge.limiter
+    app[RESUMES_SESSIONS] = edge.resumes_sessions
 
-    transport.add_routes(app)
-    LegacySseTransport(transport, registry, dispatcher).add_routes(app)
+    StreamableHttpTransport(edge).add_routes(app)
+    LegacySseTransport(edge).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers)

@@ -16,8 +16,8 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.keys import METRICS, POOL, SETTINGS
 from satgate_mcp.metrics import CONTENT_TYPE
 from satgate_mcp.settings import Settings
+from satgate_mcp.transport.edge import host_origin_refusal, refusal_answer
 from satgate_mcp.transport.rules import Refusal, bearer_challenge
-from satgate_mcp.transport.streamable import host_origin_refusal, refusal_answer
 
 METRICS_UNAUTHORIZED = Refusal(401, "unauthorized",
                                "Unauthorized: /metrics needs Authorization: Bearer <SATGATE_METRICS_TOKEN>",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from satgate_mcp import jsonrpc
@@ -252,10 +252,6 @@ def token_mismatch(resource_metadata_url: str | None) -> Refusal:
         return SESSION_NOT_FOUND
     return Refusal(403, "session_token_mismatch", "Forbidden: this session belongs to another token",
                    code=jsonrpc.SERVER_ERROR)
-
-
-def request_ids(messages: Iterable[object]) -> list[RequestId]:
-    return [m.id for m in messages if isinstance(m, jsonrpc.Request)]
 
 
 def owes_tools_changed(method: str, tools_seen: int, tools_version: int) -> bool:

@@ -7,21 +7,20 @@ so unlike /mcp there is nothing to resume after a restart; the client reconnects
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
+from functools import partial
 
 import structlog
 from aiohttp import web
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
-from satgate_mcp.sessions import CloseReason, RegistryFull, Session, SessionRegistry
+from satgate_mcp.sessions import CloseReason, Session
 from satgate_mcp.transport import rules
-from satgate_mcp.transport.rules import Refusal
-from satgate_mcp.transport.streamable import StreamableHttpTransport, refusal_answer, registry_full_refusal
+from satgate_mcp.transport.edge import Edge, refusal_answer, rejected_answer, sse_event
+from satgate_mcp.transport.rules import Refusal, Rejected
 
 LEGACY_VERSION = "2024-11-05"
 KEEPALIVE_SECONDS = 15.0
@@ -40,11 +39,9 @@ class _Stream:
 
 
 class LegacySseTransport:
-    def __init__(self, streamable: StreamableHttpTransport, registry: SessionRegistry, dispatcher: Dispatcher) -> None:
-        # Auth, Host/Origin checks and session lookup are the same rules as /mcp; reuse them, do not restate them.
-        self._mcp = streamable
-        self._registry = registry
-        self._dispatcher = dispatcher
+    def __init__(self, edge: Edge) -> None:
+        # Auth, Host/Origin checks, sessions and calls are the same edge as /mcp: reuse it, do not restate it.
+        self._edge = edge
         self._streams: dict[str, _Stream] = {}
 
     def add_routes(self, app: web.Application) -> None:
@@ -59,18 +56,15 @@ class LegacySseTransport:
                 state.queue.put_nowait(None)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._mcp.check_origin_and_host(request)
+        refusal = self._edge.check_host_origin(request)
         if refusal:
             return refusal_answer(refusal)
-        auth = await self._mcp.authenticate(request)
-        if isinstance(auth, Refusal):
-            return refusal_answer(auth)
-        assert auth.identity is not None
-        try:
-            session = self._registry.open(auth.token, auth.identity, LEGACY_VERSION)
-        except RegistryFull as full:
-            return refusal_answer(registry_full_refusal(full))
-        session.tools_seen = self._dispatcher.tools_version
+        principal = await self._edge.principal(request)
+        if isinstance(principal, Refusal):
+            return refusal_answer(principal)
+        session = self._edge.open_session(principal, LEGACY_VERSION)
+        if isinstance(session, Refusal):
+            return refusal_answer(session)
         session.inflight += 1  # the open stream is the session: never evicted for its token's quota
         request[SESSION_ID] = session.id
         state = _Stream(session)
@@ -83,25 +77,24 @@ class LegacySseTransport:
                 try:
                     item = await asyncio.wait_for(state.queue.get(), KEEPALIVE_SECONDS)
                 except TimeoutError:
-                    self._registry.touch(state.session)  # an open stream is not an idle session
+                    self._edge.touch(state.session)  # an open stream is not an idle session
                     await response.write(b": keepalive\n\n")
                     continue
                 if item is None:
                     break
-                data = json.dumps(item, separators=(",", ":"))
-                await response.write(f"event: message\ndata: {data}\n\n".encode())
+                await response.write(sse_event(item))
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             self._streams.pop(session.id, None)
             for task in state.tasks:
                 task.cancel()
-            self._registry.close(session.id, CloseReason.DISCONNECTED)
+            self._edge.close_session(session, CloseReason.DISCONNECTED)
         return response
 
     async def message(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._mcp.check_origin_and_host(request) or rules.check_content_type(
-            request.headers.get("Content-Type"))
+        edge = self._edge
+        refusal = edge.check_host_origin(request) or rules.check_content_type(request.headers.get("Content-Type"))
         if refusal:
             return refusal_answer(refusal)
         session_id = request.query.get("sessionId", "")
@@ -110,40 +103,39 @@ class LegacySseTransport:
         state = self._streams.get(session_id)
         if state is None:
             return refusal_answer(rules.SESSION_NOT_FOUND)
-        found = await self._mcp.session_for(request, session_id, may_resume=False)
+        principal = await edge.principal(request)
+        if isinstance(principal, Refusal):
+            return refusal_answer(principal)
+        found = edge.session(request, principal, session_id, may_resume=False)
         if isinstance(found, Refusal):
             return refusal_answer(found)
-        raw = await self._mcp.read_body(request)
-        if raw is None:
-            return refusal_answer(rules.body_too_large(self._mcp.max_body_bytes))
-        try:
-            message = jsonrpc.parse_message(json.loads(raw))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return refusal_answer(rules.PARSE_ERROR)
-        except jsonrpc.InvalidMessage as exc:
-            return refusal_answer(rules.invalid_message(str(exc)), exc.request_id)
+        raw = await edge.read_body(request)
+        if isinstance(raw, Refusal):
+            return refusal_answer(raw)
+        message = rules.parse_single(raw)
+        if isinstance(message, Rejected):
+            return rejected_answer(message)
         if isinstance(message, jsonrpc.Request):
             request[RPC_METHOD] = message.method
             # The slot is taken here, before any task exists, so a flood of messages never piles up tasks.
-            if not self._mcp.admit(state.session, message):
+            task = edge.spawn(state.session, message, partial(self._answer, state, message))
+            if task is None:
                 self._enqueue(state, too_many_in_flight(message.id))
-                return web.Response(status=202, text="Accepted")
-            task = asyncio.create_task(self._answer(state, message))
-            state.tasks.add(task)
-            task.add_done_callback(state.tasks.discard)
-            task.add_done_callback(lambda _t: self._mcp.limiter.release(state.session.quota_key))
+            else:
+                state.tasks.add(task)
+                task.add_done_callback(state.tasks.discard)
         elif isinstance(message, jsonrpc.Notification):
             request[RPC_METHOD] = message.method
-            self._mcp.on_notification(state.session, message)
+            edge.on_notification(state.session, message)
         return web.Response(status=202, text="Accepted")
 
     async def _answer(self, state: _Stream, message: jsonrpc.Request) -> None:
-        for note in self._mcp.pending_notifications(state.session, message):
+        for note in self._edge.owed(state.session, message):
             self._enqueue(state, note)
         if message.method == "initialize":
-            reply = jsonrpc.result_response(message.id, self._dispatcher.initialize_result(LEGACY_VERSION))
+            reply = jsonrpc.result_response(message.id, self._edge.initialize_result(LEGACY_VERSION))
         else:
-            reply = await self._mcp.run_admitted(state.session, message, None)
+            reply = await self._edge.run_admitted(state.session, message)
         self._enqueue(state, reply)
 
     @staticmethod

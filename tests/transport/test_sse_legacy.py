@@ -17,7 +17,7 @@ from satgate_mcp import events, jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.events import RecordingPublisher
-from satgate_mcp.keys import INFLIGHT, REGISTRY
+from satgate_mcp.keys import INFLIGHT, METRICS, REGISTRY
 from satgate_mcp.settings import Settings
 from tests.fakes import AllowAllPolicy, AwaitablePublisher, FakePool
 
@@ -107,3 +107,37 @@ async def test_attack_a_message_flood_gets_rate_limited_replies_and_no_pile_of_t
                 answered.append(json.loads(event.split("data: ", 1)[1]))
         assert all("result" in a for a in answered)
         assert app[INFLIGHT].in_flight == 0
+
+
+async def test_a_full_registry_refuses_a_stream_with_503_and_counts_it_like_mcp() -> None:
+    """The 503 for a full registry is one refusal wherever it is built: /sse counts it as /mcp does."""
+    app = make_app(RecordingPublisher(), session_cap=1)
+    async with TestClient(TestServer(app)) as client:
+        first = await client.get("/sse")
+        assert (await first.content.readuntil(b"\n\n")).startswith(b"event: endpoint")
+        refused = await client.get("/sse")
+        assert refused.status == 503
+        assert refused.headers["Retry-After"].isdigit()
+        assert (await refused.json())["error"]["data"]["error"] == "session_cap_reached"
+        counted = app[METRICS].registry.get_sample_value("satgate_refusals_total", {"reason": "session_cap_reached"})
+        assert counted == 1
+        assert len(app[REGISTRY]) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        pytest.param(b"{not json", 400, "parse_error", id="not-json"),
+        pytest.param(b'{"id": 1, "method": "ping"}', 400, "invalid_request", id="json-but-not-json-rpc"),
+        pytest.param(b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', 400, "invalid_request", id="a-batch"),
+    ],
+)
+async def test_a_bad_message_is_refused_as_on_mcp(body: bytes, status: int, error: str) -> None:
+    """/message parses with the rules of /mcp: JSON that is not a JSON-RPC message is an invalid request."""
+    app = make_app(RecordingPublisher())
+    async with TestClient(TestServer(app)) as client:
+        stream = await client.get("/sse")
+        endpoint = (await stream.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1].strip()
+        resp = await client.post(endpoint, data=body, headers={"Content-Type": "application/json"})
+        assert resp.status == status
+        assert (await resp.json())["error"]["data"]["error"] == error

@@ -1,0 +1,295 @@
+"""The HTTP edge every transport shares: what happens to a request before and after the dispatcher.
+
+A transport is a ladder of steps; each step here answers a value or a ``Refusal``, and the first
+refusal is the answer. Authentication happens in ``principal`` only, the session registry is met
+in ``open_session`` and ``session`` only, and every call runs through ``run`` (or ``spawn``):
+in-flight bounds, cancellation, and what a session is owed before its answer live here once.
+
+Nothing here assumes a session: a principal and a call work without one (a stateless transport
+bounds its calls by the token's in-flight quota; cancelling by id needs a session to scope it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import structlog
+from aiohttp import web
+
+from satgate_mcp import events, jsonrpc
+from satgate_mcp.auth.base import Authenticator, Identity
+from satgate_mcp.dispatch import Dispatcher
+from satgate_mcp.events import Publisher
+from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.sessions import CloseReason, RegistryFull, ResumeRefusal, Session, SessionRegistry
+from satgate_mcp.settings import Settings
+from satgate_mcp.transport import rules
+from satgate_mcp.transport.rules import Refusal
+
+log = structlog.get_logger("satgate_mcp.transport")
+
+T = TypeVar("T")
+OnProgress = Callable[[JsonObj], Awaitable[None]]
+
+
+# --- answers ------------------------------------------------------------------------------------
+
+
+def json_answer(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
+                        content_type="application/json", headers=headers)
+
+
+def refusal_answer(refusal: Refusal, request_id: RequestId | None = None) -> web.Response:
+    return json_answer(refusal.body(request_id), refusal.status, dict(refusal.headers))
+
+
+def rejected_answer(rejected: rules.Rejected) -> web.Response:
+    return refusal_answer(rejected.refusal, rejected.request_id)
+
+
+def sse_event(message: JsonObj) -> bytes:
+    return b"event: message\ndata: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"
+
+
+def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | None:
+    """The DNS-rebinding guard every browser-reachable endpoint shares (/mcp, /sse, /readyz, /metrics)."""
+    return (rules.check_host(request.headers.get("Host"), settings.allowed_hosts, settings.host)
+            or rules.check_origin(request.headers.get("Origin"), settings.allowed_origins))
+
+
+# --- who is asking ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """A verified credential: the bearer as presented (only ever hashed) and what it says."""
+
+    token: str
+    identity: Identity
+
+    @property
+    def quota_key(self) -> str:
+        return self.identity.family_id
+
+
+#: Whom a call runs for: a session, or (stateless) a principal alone.
+Caller = Session | Principal
+
+#: Calls in flight by (session id, JSON-RPC id); a set, since a careless client may reuse an id concurrently.
+InflightKey = tuple[str, RequestId]
+
+
+class Edge:
+    def __init__(self, *, settings: Settings, registry: SessionRegistry, authenticator: Authenticator,
+                 dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics,
+                 limiter: InflightLimiter | None = None) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._auth = authenticator
+        self._dispatcher = dispatcher
+        self._publisher = publisher
+        self._metrics = metrics
+        self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight_per_token,
+                                                  total=settings.max_inflight)
+        self._inflight: dict[InflightKey, set[asyncio.Task[JsonObj]]] = {}
+
+    @property
+    def resumes_sessions(self) -> bool:
+        """Only header mode verifies a token by itself, so only it may serve an id this process never made."""
+        return self._auth.mode == "header"
+
+    def initialize_result(self, protocol_version: str) -> JsonObj:
+        return self._dispatcher.initialize_result(protocol_version)
+
+    # --- checks and body ------------------------------------------------------------------------
+
+    def check_host_origin(self, request: web.Request) -> Refusal | None:
+        return host_origin_refusal(request, self._settings)
+
+    async def read_body(self, request: web.Request) -> bytes | Refusal:
+        """The body, or 413 once it passes the limit; we never buffer more than limit + one chunk."""
+        limit = self._settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return rules.body_too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return rules.body_too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- the principal: the one place a credential is verified ---------------------------------
+
+    async def principal(self, request: web.Request) -> Principal | Refusal:
+        result = await self._auth.authenticate(request.headers.get("Authorization"))
+        if result.ok and result.identity is not None:
+            return Principal(result.token, result.identity)
+        self._metrics.refusals.labels(reason=str(result.outcome)).inc()
+        self._publisher.publish(events.AUTH_FAILURE, outcome=str(result.outcome), reason=result.reason,
+                                path=request.path, remote=request.remote)
+        return rules.auth_refusal(result.outcome, self._settings.oauth_resource_metadata_url)
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def open_session(self, principal: Principal, protocol_version: str) -> Session | Refusal:
+        try:
+            session = self._registry.open(principal.token, principal.identity, protocol_version)
+        except RegistryFull as full:
+            return self._registry_full(full)
+        self._saw_tools(session)
+        self._metrics.sessions_opened.inc()
+        return session
+
+    def session(self, request: web.Request, principal: Principal, session_id: str, *,
+                may_resume: bool) -> Session | Refusal:
+        """The live session for this id and principal, or (header mode) one rebuilt from the verified token."""
+        session = self._registry.get(session_id)
+        if session is not None:
+            if self._auth.mode != "none" and not session.answers_to(principal.token):
+                self._metrics.refusals.labels(reason="session_token_mismatch").inc()
+                self._publisher.publish(events.AUTH_FAILURE, outcome="session_token_mismatch",
+                                        session_id=session_id, token_id=principal.identity.token_id)
+                return rules.token_mismatch(self._settings.oauth_resource_metadata_url)
+            session.identity = principal.identity
+            self._registry.touch(session)
+            return session
+        if not (may_resume and self.resumes_sessions):
+            return rules.SESSION_NOT_FOUND
+        version = request.headers.get(rules.VERSION_HEADER) or rules.DEFAULT_VERSION_WITHOUT_HEADER
+        try:
+            outcome = self._registry.resume(session_id, principal.token, principal.identity, version)
+        except RegistryFull as full:
+            return self._registry_full(full)
+        if isinstance(outcome, ResumeRefusal):
+            log.info("resume_refused", session_id=session_id, reason=str(outcome))
+            self._metrics.refusals.labels(reason=f"resume_{outcome}").inc()
+            return rules.SESSION_NOT_FOUND
+        if outcome.created:
+            self._saw_tools(outcome.session)
+            self._metrics.sessions_resumed.inc()
+        return outcome.session
+
+    def touch(self, session: Session) -> None:
+        self._registry.touch(session)
+
+    def end_session(self, session: Session) -> None:
+        """DELETE: a tombstone, and every call still running on it is cancelled."""
+        self._registry.delete(session.id)
+        for key, tasks in list(self._inflight.items()):
+            if key[0] == session.id:
+                for task in tasks:
+                    task.cancel()
+
+    def close_session(self, session: Session, reason: CloseReason) -> None:
+        """Forget a session that can never be resumed (a legacy stream that ended): no tombstone."""
+        self._registry.close(session.id, reason)
+
+    def _registry_full(self, full: RegistryFull) -> Refusal:
+        self._metrics.refusals.labels(reason=full.reason).inc()
+        return rules.registry_full(full)
+
+    # --- what a session is owed before its answer ----------------------------------------------
+
+    def _saw_tools(self, session: Session) -> None:
+        """The one writer of ``tools_seen``: this client now knows the current tool list."""
+        session.tools_seen = self._dispatcher.tools_version
+
+    def owes(self, session: Session, request: jsonrpc.Request) -> bool:
+        return rules.owes_tools_changed(request.method, session.tools_seen, self._dispatcher.tools_version)
+
+    def owed(self, session: Session, request: jsonrpc.Request) -> list[JsonObj]:
+        """Notifications to deliver ahead of this answer, once: there is no GET stream to carry them."""
+        if not self.owes(session, request):
+            return []
+        self._saw_tools(session)
+        return [jsonrpc.notification_message("notifications/tools/list_changed")]
+
+    # --- calls ----------------------------------------------------------------------------------
+
+    def on_notification(self, caller: Caller, note: jsonrpc.Notification) -> None:
+        if note.method != "notifications/cancelled" or not isinstance(caller, Session):
+            return
+        request_id = (note.params or {}).get("requestId")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            for task in self._inflight.get((caller.id, request_id), ()):
+                task.cancel()
+
+    def _admit(self, caller: Caller, request: jsonrpc.Request) -> bool:
+        """Take an in-flight slot for this request, or count the refusal (the caller answers -32004)."""
+        if self.limiter.try_acquire(caller.quota_key):
+            return True
+        self._metrics.refusals.labels(reason="too_many_in_flight").inc()
+        log.info("too_many_in_flight", session_id=caller.id if isinstance(caller, Session) else None,
+                 token_id=caller.quota_key, method=request.method)
+        return False
+
+    def spawn(self, caller: Caller, request: jsonrpc.Request,
+              work: Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task[T] | None:
+        """``work`` as a task holding this request's in-flight slot; None (no task) when past the bounds."""
+        if not self._admit(caller, request):
+            return None
+        task = asyncio.ensure_future(work())
+        # A done callback runs even for a task cancelled before it started: the slot is never lost.
+        task.add_done_callback(lambda _t: self.limiter.release(caller.quota_key))
+        return task
+
+    async def run(self, caller: Caller, request: jsonrpc.Request, on_progress: OnProgress | None = None) -> JsonObj:
+        """One request within the in-flight bounds, or -32004 at once when past either of them."""
+        if not self._admit(caller, request):
+            return too_many_in_flight(request.id)
+        try:
+            return await self.run_admitted(caller, request, on_progress)
+        finally:
+            self.limiter.release(caller.quota_key)
+
+    async def run_batch(self, caller: Caller, requests: list[jsonrpc.Request]) -> list[JsonObj]:
+        """Every item of a batch, the excess over the in-flight bounds refused at once (no task for it)."""
+        tasks = [self.spawn(caller, r, partial(self.run_admitted, caller, r)) for r in requests]
+        running = [t for t in tasks if t is not None]
+        replies = iter(await asyncio.gather(*running) if running else [])
+        return [too_many_in_flight(r.id) if t is None else next(replies) for r, t in zip(requests, tasks, strict=True)]
+
+    async def run_admitted(self, caller: Caller, request: jsonrpc.Request,
+                           on_progress: OnProgress | None = None) -> JsonObj:
+        """Run one admitted request as its own task, so a client's notifications/cancelled can stop it."""
+        session = caller if isinstance(caller, Session) else None
+        if session is None:
+            return await self._dispatch(caller, request, on_progress)
+        if request.method == "tools/list":
+            self._saw_tools(session)
+        key = (session.id, request.id)
+        task = asyncio.ensure_future(self._dispatch(session, request, on_progress))
+        self._inflight.setdefault(key, set()).add(task)
+        session.inflight += 1  # a session with a call running is never the one evicted for its token's quota
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            session.inflight -= 1
+            tasks = self._inflight.get(key)
+            if tasks is not None:
+                tasks.discard(task)
+                if not tasks:
+                    del self._inflight[key]
+        if task.cancelled():
+            return jsonrpc.error_response(request.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled",
+                                          {"error": "cancelled"})
+        return task.result()
+
+    async def _dispatch(self, caller: Caller, request: jsonrpc.Request, on_progress: OnProgress | None) -> JsonObj:
+        """The one call into the dispatcher (its signature is the router's to change)."""
+        session_id = caller.id if isinstance(caller, Session) else ""
+        return await self._dispatcher.handle(request, identity=caller.identity, session_id=session_id,
+                                       on_progress=on_progress)
