@@ -82,9 +82,11 @@ async def test_rate_limit_is_per_token() -> None:
 
 
 async def test_no_rate_limit_when_unset() -> None:
-    policy, *_ = make_policy()
-    for i in range(50):
-        await admit_tool(policy, Identity("free"), request_id=i)
+    policy, publisher, metrics, _ = make_policy()
+    admitted = [await admit_tool(policy, Identity("free"), request_id=i) for i in range(50)]  # all at one instant
+    assert len(admitted) == 50
+    assert publisher.named(events.RATE_LIMITED) == []
+    assert refusals(metrics, "rate_limited") == 0
 
 
 async def test_per_tool_rate_limits() -> None:
@@ -140,9 +142,13 @@ async def test_tokens_sharing_a_budget_id_share_its_credits() -> None:
 
 
 async def test_free_tools_stay_callable_when_exhausted() -> None:
-    policy, *_ = make_policy(tool_costs={"free": 0}, default_cost=10)
+    policy, publisher, *_ = make_policy(tool_costs={"free": 0}, default_cost=10)
     await admit_tool(policy, tool="paid")
-    await admit_tool(policy, tool="free", request_id=2)
+    assert (await refusal(admit_tool(policy, tool="paid", request_id=2))).data["error"] == "budget_exhausted"  # type: ignore[index]
+    free = await admit_tool(policy, tool="free", request_id=3)
+    assert (free.duplicate, free.charged) == (False, 0)
+    assert (await policy.budget_status(ALICE))["remaining"] == 0
+    assert [(e["tool"], e["cost"]) for e in publisher.named(events.BUDGET_SPEND)] == [("paid", 10), ("free", 0)]
 
 
 async def test_hundred_concurrent_admits_never_overspend() -> None:
