@@ -7,13 +7,13 @@ answers itself (``tools/list``, ``ping``) passes freely. Every limit is keyed by
 (its delegation family for rates) or budget id, never by session; only the duplicate guard uses the
 session id (with the token id, request id and params), by design: it recognises one client
 re-sending one call, which a resumed session does under the same id. Identical copies in flight
-share one execution (``run``); see duplicates.py. An empty session id (stateless requests) turns
-the guard off for that call.
+share one execution (``run``, shared_calls.py); who pays is duplicates.py's. How a call settles
+is decided purely in settlement.py from its ``Role`` and what happened; this module carries it out.
+An empty session id (stateless requests) turns the guard off for that call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,13 +40,9 @@ from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, DelegationRefused, 
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
     DUPLICATE_TTL_SECONDS,
-    FIRST_SETTLED,
-    REFUSED,
-    REPLAY_SETTLED,
     Arrival,
     DuplicateStore,
     MemoryDuplicateStore,
-    Settlement,
     duplicate_key,
 )
 from satgate_mcp.policy.limits import (
@@ -59,7 +55,8 @@ from satgate_mcp.policy.limits import (
     rate_spec,
     retry_after_seconds,
 )
-from satgate_mcp.policy.refunds import failure_kind, refundable
+from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
+from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
 from satgate_mcp.settings import Settings
 
 TOOLS_CALL = "tools/call"
@@ -71,60 +68,35 @@ DELEGATION_FAILED_CODE = -32000
 
 _log = structlog.get_logger("satgate_mcp.policy")
 
-UpstreamCall = Callable[[], Awaitable[JsonObj]]
+#: Roles that took their stake from the budget at admission.
+_CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
 
 
-class SharedCall:
-    """The one execution that identical copies of a call in flight in this process all await.
-
-    The execution runs in its own task, so one copy going away (its client disconnected or
-    cancelled) leaves it running for the others; only when no copy waits any more is it cancelled.
-    """
-
-    def __init__(self) -> None:
-        self.answer: asyncio.Future[JsonObj] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] | None = None
-        self.waiters = 0
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.answer.done():
-            self.answer.set_exception(exc)
-            self.answer.exception()  # retrieved here: copies that join re-raise it, none need to
-
-    async def join(self) -> JsonObj:
-        self.waiters += 1
-        try:
-            return await asyncio.shield(self.answer)
-        finally:
-            self.waiters -= 1
-            if self.waiters == 0 and self.task is not None and not self.task.done():
-                self.task.cancel()  # nobody wants the answer any more: let the upstream know
-                await asyncio.wait({self.task})
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Admission:
     """What ``admit`` let through; hand it to ``run`` (or ``settle``) exactly once."""
 
     identity: Identity
-    method: str
     tool: str | None
-    budget_key: str
-    cost: float = 0.0
-    #: Credits taken from a limited budget by this admission (0 for copies and free passes).
-    charged: float = 0.0
-    limited: bool = False
-    #: Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled.
-    duplicate: bool = False
+    role: Role
+    #: What a refund gives back: the cost, when the budget is limited (0 otherwise). A re-send's
+    #: is the first copy's charge, which it handed over to pay for this one.
+    stake: float = 0.0
+    #: Credits left as this admission last saw them (None: unlimited), for the spend events.
+    remaining: float | None = None
     duplicate_key: str | None = None
-    #: How the durable record admitted it (None: no guard, or a copy joining one in this process).
-    arrival: Arrival | None = None
     #: The execution identical copies share; None when the guard is off.
     shared: SharedCall | None = None
-    #: This copy joins ``shared`` instead of running it.
-    follows: bool = False
-    remaining: float | None = None
-    settled: bool = False
+
+    @property
+    def duplicate(self) -> bool:
+        """Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled."""
+        return self.role in (Role.JOINED, Role.REPLAY)
+
+    @property
+    def charged(self) -> float:
+        """Credits this open admission took from a limited budget (0 for copies and free passes)."""
+        return self.stake if self.role in _CHARGED else 0.0
 
 
 class CallPolicy:
@@ -166,8 +138,7 @@ class CallPolicy:
         self._max_depth = max_delegation_depth
         self._new_id = new_id
         self._on_close = tuple(on_close)
-        #: Calls in flight in this process, by duplicate key: what identical copies join.
-        self._in_flight: dict[str, SharedCall] = {}
+        self._in_flight = InFlight()
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics) -> CallPolicy:
@@ -187,37 +158,34 @@ class CallPolicy:
     async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
                     request_id: RequestId, params: JsonObj | None) -> Admission:
         """Let one request through or raise the GatewayError the client should see."""
-        admission = Admission(identity, method, tool, identity.budget_key)
         if method in UNMETERED_METHODS:
-            return admission
+            return Admission(identity, tool, Role.UNMETERED)
         await self._check_rate(identity, method, tool if method == TOOLS_CALL else None)
         if method != TOOLS_CALL:
-            return admission
+            return Admission(identity, tool, Role.UNMETERED)
 
         # A negative configured cost would mint credits; treat it as free.
-        admission.cost = max(0.0, resolve_cost(tool or "", self._settings.tool_costs, self._settings.default_cost))
+        cost = max(0.0, resolve_cost(tool or "", self._settings.tool_costs, self._settings.default_cost))
         limit = initial_limit(identity, self._settings.budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
-            await self._charge(admission, limit)
-            return admission
-        key = admission.duplicate_key = duplicate_key(identity.token_id, session_id, request_id, params)
+            return await self._charge(Admission(identity, tool, Role.UNGUARDED), cost, limit)
+        key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
-            admission.shared, admission.follows = shared, True
-            await self._admit_free(admission, limit)
-            return admission
+            return await self._admit_free(Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared),
+                                          cost, limit)
         # Registered before any await, so a copy arriving meanwhile joins this one.
-        shared = admission.shared = self._in_flight[key] = SharedCall()
+        shared = self._in_flight.open(key)
+        admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared)
         try:
-            admission.arrival = Arrival(await self._duplicates.apply(key, ARRIVAL))
-            if admission.arrival is Arrival.REPLAY:
-                await self._admit_free(admission, limit)
-            else:
-                await self._charge(admission, limit)
+            admission.role = ROLE_ON_ARRIVAL[Arrival(await self._duplicates.apply(key, ARRIVAL))]
+            if admission.role is Role.REPLAY:
+                return await self._admit_free(admission, cost, limit)
+            return await self._charge(admission, cost, limit)
         except BaseException as exc:
-            await self._abandon(admission, key, shared, exc)
+            shared.fail(exc if isinstance(exc, GatewayError) else cancelled())  # copies share the refusal
+            await self._close(admission, Outcome.REFUSED)
             raise
-        return admission
 
     async def run(self, admission: Admission, call: UpstreamCall) -> JsonObj:
         """Forward a ``tools/call`` once for every identical copy in flight, then settle it.
@@ -236,64 +204,41 @@ class CallPolicy:
                 failure = exc
                 raise
             finally:
-                await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
-        if not admission.follows and shared.task is None:
-            shared.task = asyncio.create_task(self._execute(admission, shared, call))
+                await self._close(admission, outcome_of(reply, failure))
+        if admission.role is not Role.JOINED:
+            shared.start(call, lambda reply, failure: self._close(admission, outcome_of(reply, failure)))
         return await shared.join()
 
-    async def _execute(self, admission: Admission, shared: SharedCall, call: UpstreamCall) -> None:
-        reply: JsonObj | None = None
-        failure: BaseException | None = None
-        try:
-            reply = await call()
-        except BaseException as exc:
-            failure = exc
-        try:
-            await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
-        finally:
-            self._forget(admission, shared)
-            if reply is not None:
-                shared.answer.set_result(reply)
-            elif isinstance(failure, asyncio.CancelledError):
-                shared.fail(_cancelled())
-            else:
-                shared.fail(failure or RuntimeError("no reply"))
-
     async def settle(self, admission: Admission, *, ran: bool) -> None:
-        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it.
+        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it."""
+        await self._close(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
+
+    async def _close(self, admission: Admission, outcome: Outcome) -> None:
+        """Carry out ``closing``: move the record, let go of the shared call, refund.
 
         The ``tool_call`` event is the dispatcher's (it knows the upstream and outcome); a refund
         is published as a negative ``budget_spend`` so summing spend events gives what was paid.
         """
-        if admission.settled:
-            return
-        admission.settled = True
-        if admission.method != TOOLS_CALL or admission.follows:
-            return
-        key, amount, refund = admission.duplicate_key, admission.charged, not ran
+        plan = closing(admission.role, outcome)
+        admission.role = Role.SETTLED
+        record_says: str | None = None
         try:
-            if key is not None and admission.arrival is Arrival.FIRST:
-                refund = Settlement(await self._duplicates.apply(key, FIRST_SETTLED[ran])) is Settlement.REFUND
-            elif key is not None and admission.arrival is Arrival.REPLAY:
-                # A refund here gives back the first copy's charge, which it handed over to pay for this one.
-                refund = Settlement(await self._duplicates.apply(key, REPLAY_SETTLED[ran])) is Settlement.REFUND
-                amount = admission.cost
+            if plan.record is not None and admission.duplicate_key is not None:
+                record_says = await self._duplicates.apply(admission.duplicate_key, plan.record)
         finally:
             # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
-            if admission.shared is not None:
-                self._forget(admission, admission.shared)
-                if admission.shared.task is None:  # settled without ``run``: copies waiting get no answer
-                    admission.shared.fail(_cancelled())
-        if refund and admission.limited and amount:
-            await self._budgets.refund(admission.budget_key, amount)
+            if plan.release and admission.duplicate_key is not None and admission.shared is not None:
+                self._in_flight.release(admission.duplicate_key, admission.shared)
+        amount = admission.stake
+        if plan.refunds(record_says) and amount:
+            await self._budgets.refund(admission.identity.budget_key, amount)
             admission.remaining = (admission.remaining or 0.0) + amount
             self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
                                     tool=admission.tool or "", cost=-amount, refund=True,
                                     remaining=shown_remaining(admission.remaining))
-            admission.charged = 0.0
 
-    async def _charge(self, admission: Admission, limit: float | None) -> None:
-        identity, name, cost = admission.identity, admission.tool or "", admission.cost
+    async def _charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
+        identity, name = admission.identity, admission.tool or ""
         charge = await self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce)
         if charge.exceeded:
             self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
@@ -310,36 +255,20 @@ class CallPolicy:
                 "token_id": identity.token_id,
                 "budget_id": identity.budget_key,
             }, code=BUDGET_EXHAUSTED_CODE)
-        admission.limited = charge.remaining is not None
-        admission.charged = cost
+        admission.stake = cost if charge.remaining is not None else 0.0
         admission.remaining = charge.remaining
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=cost,
                                 remaining=shown_remaining(charge.remaining))
+        return admission
 
-    async def _admit_free(self, admission: Admission, limit: float | None) -> None:
+    async def _admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
-        admission.duplicate = True
-        admission.remaining = await self._budgets.remaining(admission.budget_key, limit=limit)
-        admission.limited = admission.remaining is not None
-        extra = {"replay": True} if admission.arrival is Arrival.REPLAY else {}
+        admission.remaining = await self._budgets.remaining(admission.identity.budget_key, limit=limit)
+        admission.stake = cost if admission.remaining is not None else 0.0
+        extra = {"replay": True} if admission.role is Role.REPLAY else {}
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
                                 cost=0, duplicate=True, remaining=shown_remaining(admission.remaining), **extra)
-
-    async def _abandon(self, admission: Admission, key: str, shared: SharedCall, exc: BaseException) -> None:
-        """A leading copy refused (or cancelled) while being admitted: undo its record; copies share the refusal."""
-        try:
-            if admission.arrival is Arrival.FIRST:
-                await self._duplicates.apply(key, REFUSED)
-            elif admission.arrival is Arrival.REPLAY:
-                await self._duplicates.apply(key, REPLAY_SETTLED[False])
-        finally:
-            admission.settled = True
-            self._forget(admission, shared)
-            shared.fail(exc if isinstance(exc, GatewayError) else _cancelled())
-
-    def _forget(self, admission: Admission, shared: SharedCall) -> None:
-        if admission.duplicate_key is not None and self._in_flight.get(admission.duplicate_key) is shared:
-            del self._in_flight[admission.duplicate_key]
+        return admission
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None) -> None:
         # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
@@ -464,11 +393,6 @@ class CallPolicy:
     @staticmethod
     def _fields(identity: Identity) -> dict[str, Any]:
         return {"token_id": identity.token_id, "budget_id": identity.budget_key}
-
-
-def _cancelled() -> GatewayError:
-    """What a copy that joined a call gets when that call was cancelled under it."""
-    return GatewayError("Request cancelled", {"error": "cancelled"})
 
 
 def _before(remaining_after: float | None, cost: float) -> float | None:

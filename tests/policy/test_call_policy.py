@@ -321,7 +321,7 @@ async def test_cancelling_one_copy_leaves_the_shared_call_running_for_the_others
     await asyncio.wait_for(upstream.started.wait(), 5)
     follower = asyncio.create_task(call_once(policy, upstream))
     await asyncio.sleep(0)  # one turn of the loop: the follower is admitted and joins (memory stores never wait)
-    [shared] = policy._in_flight.values()
+    [shared] = policy._in_flight
     assert shared.waiters == 2
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
