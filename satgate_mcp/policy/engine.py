@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
@@ -31,12 +29,12 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import (
     BudgetStore,
     MemoryBudgetStore,
-    child_account_ttl,
     initial_limit,
     resolve_cost,
     shown_remaining,
 )
-from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, DelegationRefused, Minter, Verifier, plan_child
+from satgate_mcp.policy.delegate import Delegator
+from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, Minter, Verifier
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
     DUPLICATE_TTL_SECONDS,
@@ -64,9 +62,6 @@ GATEWAY_METHOD_PREFIX = "satgate/"
 #: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
 UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
 BUDGET_EXHAUSTED_CODE = -32000
-DELEGATION_FAILED_CODE = -32000
-
-_log = structlog.get_logger("satgate_mcp.policy")
 
 #: Roles that took their stake from the budget at admission.
 _CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
@@ -122,9 +117,6 @@ class CallPolicy:
         self._settings = settings
         self._publisher = publisher
         self._metrics = metrics
-        self._wall_clock = wall_clock
-        self._minter = minter
-        self._verifier = verifier
         # ``is None``, not ``or``: an empty memory store has a length of 0, yet it is the one given.
         self._limiter: RateLimiter = MemoryRateLimiter(clock=clock) if rate_limiter is None else rate_limiter
         self._budgets: BudgetStore = MemoryBudgetStore(clock=clock) if budgets is None else budgets
@@ -135,8 +127,11 @@ class CallPolicy:
         )
         self._tool_rates = parse_tool_rates(tool_rate_limits or {})
         self._enforce = settings.enforcement == "control"
-        self._max_depth = max_delegation_depth
-        self._new_id = new_id
+        root_key = settings.root_key.get_secret_value() if settings.root_key is not None else None
+        self._delegator = Delegator(root_key=root_key if settings.auth_mode == "header" else None,
+                                    budgets=self._budgets, operator_budgets=settings.budgets,
+                                    publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
+                                    verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
         self._on_close = tuple(on_close)
         self._in_flight = InFlight()
 
@@ -301,87 +296,8 @@ class CallPolicy:
     # -- satgate/delegate -----------------------------------------------------------------------
 
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
-        """Mint a child token whose credits move out of the parent's budget; see delegation.py."""
-        try:
-            return await self._delegate(identity, params)
-        except DelegationRefused as exc:
-            self._metrics.refusals.labels(reason="delegation_failed").inc()
-            self._publisher.publish(events.DELEGATION, ok=False, parent_id=identity.token_id,
-                                    parent_budget_id=identity.budget_key, reason=exc.reason)
-            data: JsonObj = {"error": "delegation_failed", "reason": exc.reason}
-            raise GatewayError(f"Delegation failed: {exc.reason}", data, code=DELEGATION_FAILED_CODE) from None
-
-    async def _delegate(self, parent: Identity, params: JsonObj | None) -> JsonObj:
-        """Validate, mint, verify, and only then move the credits: any failure leaves the parent as it was."""
-        if self._settings.auth_mode != "header" or self._settings.root_key is None:
-            raise DelegationRefused("delegation needs header auth")
-        root_key = self._settings.root_key.get_secret_value()
-        now = self._wall_clock()
-        plan = plan_child(parent, params, now=now, max_depth=self._max_depth)
-        suffix = self._new_id()
-        child_id, child_budget_id = f"dlg-{suffix}", f"dlg-budget-{suffix}"
-        try:
-            token = self._mint()(
-                root_key, child_id,
-                ttl=plan.ttl, tools=list(plan.tools) if plan.tools is not None else None,
-                budget_id=child_budget_id, budget_limit=plan.budget, tenant=parent.tenant,
-                parent_id=parent.token_id, depth=plan.depth, now=now,
-                ancestors=plan.ancestors, max_depth=plan.max_depth,
-                resources=plan.resources, prompts=plan.prompts,
-            )
-        except ValueError as exc:
-            raise DelegationRefused(f"could not mint the child token: {exc}") from None
-        except Exception:
-            _log.exception("delegation_mint_failed", parent_id=parent.token_id)
-            raise DelegationRefused("could not mint the child token") from None
-        self._check_minted(root_key, token, child_id, child_budget_id)
-
-        moved = await self._budgets.transfer(parent.budget_key, child_budget_id, plan.budget,
-                                             parent_limit=initial_limit(parent, self._settings.budgets),
-                                             ttl=child_account_ttl(plan.ttl))
-        if not moved.allowed:
-            if moved.exceeded:
-                raise DelegationRefused(
-                    f"parent budget holds {shown_remaining(moved.remaining):g} credits, "
-                    f"less than the {plan.budget:g} requested")
-            raise DelegationRefused("child budget id already exists")
-        self._publisher.publish(events.DELEGATION, ok=True, token_id=child_id, budget_id=child_budget_id,
-                                parent_id=parent.token_id, parent_budget_id=parent.budget_key,
-                                budget=plan.budget, parent_remaining=shown_remaining(moved.remaining),
-                                depth=plan.depth, expires_at=plan.expires_at, label=plan.label)
-        return {
-            "token": token,
-            "tokenId": child_id,
-            "budgetId": child_budget_id,
-            "budget": plan.budget,
-            "expiresAt": plan.expires_at,
-            "parentId": parent.token_id,
-            "depth": plan.depth,
-            "tools": list(plan.tools) if plan.tools is not None else None,
-            "label": plan.label,
-            "parentRemaining": shown_remaining(moved.remaining),
-        }
-
-    def _check_minted(self, root_key: str, token: str, child_id: str, child_budget_id: str) -> None:
-        """The child must verify as what was meant before any credit moves to it."""
-        if self._verifier is None:
-            from satgate_mcp.auth.macaroons import verify_signature
-
-            self._verifier = verify_signature
-        try:
-            child = self._verifier(root_key, token)
-        except Exception as exc:
-            _log.warning("delegation_child_unverifiable", child_id=child_id, error=str(exc) or repr(exc))
-            raise DelegationRefused("the minted child token does not verify") from None
-        if (child.token_id, child.budget_id) != (child_id, child_budget_id):
-            raise DelegationRefused("the minted child token does not verify")
-
-    def _mint(self) -> Minter:
-        if self._minter is None:
-            from satgate_mcp.auth.macaroons import mint_token
-
-            self._minter = mint_token
-        return self._minter
+        """Mint a child token whose credits move out of the parent's budget; see delegate.py."""
+        return await self._delegator.delegate(identity, params)
 
     async def close(self) -> None:
         await self._limiter.close()
