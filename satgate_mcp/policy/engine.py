@@ -18,7 +18,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypedDict, Unpack
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
@@ -47,6 +48,7 @@ from satgate_mcp.policy.limits import (
     MemoryRateLimiter,
     RateLimiter,
     RateSpec,
+    ToolRate,
     buckets_for,
     parse_tool_rates,
     rate_family,
@@ -58,10 +60,11 @@ from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, 
 from satgate_mcp.settings import Settings
 
 TOOLS_CALL = "tools/call"
-GATEWAY_METHOD_PREFIX = "satgate/"
 #: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
 UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
 BUDGET_EXHAUSTED_CODE = -32000
+
+_NONE: Mapping[str, float] = MappingProxyType({})
 
 #: Roles that took their stake from the budget at admission.
 _CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
@@ -94,13 +97,37 @@ class Admission:
         return self.stake if self.role in _CHARGED else 0.0
 
 
+class Parts(TypedDict, total=False):
+    """What a deployment (or a test) plugs in besides the configuration: clocks, stores, minting."""
+
+    clock: Callable[[], float]
+    wall_clock: Callable[[], float]
+    minter: Minter | None
+    verifier: Verifier | None
+    rate_limiter: RateLimiter | None
+    budgets: BudgetStore | None
+    duplicates: DuplicateStore | None
+    max_delegation_depth: int
+    duplicate_ttl: float
+    new_id: Callable[[], str]
+    on_close: Sequence[Callable[[], Awaitable[None]]]
+
+
 class CallPolicy:
+    """The limits of one deployment, given explicitly; ``from_settings`` reads them from ``Settings``."""
+
     def __init__(
         self,
-        settings: Settings,
         *,
         publisher: Publisher,
         metrics: Metrics,
+        rate: RateSpec | None = None,
+        tool_rates: Sequence[ToolRate] = (),
+        costs: Mapping[str, float] = _NONE,
+        default_cost: float = 1.0,
+        operator_budgets: Mapping[str, float] = _NONE,
+        enforcement: str = "observe",
+        root_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         minter: Minter | None = None,
@@ -108,45 +135,56 @@ class CallPolicy:
         rate_limiter: RateLimiter | None = None,
         budgets: BudgetStore | None = None,
         duplicates: DuplicateStore | None = None,
-        tool_rate_limits: Mapping[str, str] | None = None,
         max_delegation_depth: int = DEFAULT_MAX_DEPTH,
         duplicate_ttl: float = DUPLICATE_TTL_SECONDS,
         new_id: Callable[[], str] = lambda: secrets.token_hex(12),
         on_close: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
-        self._settings = settings
+        """``rate`` and ``tool_rates`` limit each token family; ``costs`` (by tool pattern, else
+        ``default_cost``) are charged to budgets that start at the caveat's limit or the operator's
+        ``operator_budgets`` entry; ``enforcement`` is ``"control"`` (refuse) or ``"observe"``
+        (charge and report). ``root_key`` mints delegated children; None refuses delegation."""
         self._publisher = publisher
         self._metrics = metrics
+        self._rate = rate
+        self._tool_rates = tuple(tool_rates)
+        self._costs = costs
+        self._default_cost = default_cost
+        self._operator_budgets = operator_budgets
+        self._enforcement = enforcement
+        self._enforce = enforcement == "control"
         # ``is None``, not ``or``: an empty memory store has a length of 0, yet it is the one given.
         self._limiter: RateLimiter = MemoryRateLimiter(clock=clock) if rate_limiter is None else rate_limiter
         self._budgets: BudgetStore = MemoryBudgetStore(clock=clock) if budgets is None else budgets
         self._duplicates: DuplicateStore = (MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
                                             if duplicates is None else duplicates)
-        self._rate: RateSpec | None = (
-            rate_spec(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None
-        )
-        self._tool_rates = parse_tool_rates(tool_rate_limits or {})
-        self._enforce = settings.enforcement == "control"
-        root_key = settings.root_key.get_secret_value() if settings.root_key is not None else None
-        self._delegator = Delegator(root_key=root_key if settings.auth_mode == "header" else None,
-                                    budgets=self._budgets, operator_budgets=settings.budgets,
+        self._delegator = Delegator(root_key=root_key, budgets=self._budgets, operator_budgets=operator_budgets,
                                     publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
                                     verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
         self._on_close = tuple(on_close)
         self._in_flight = InFlight()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics) -> CallPolicy:
-        """In-memory stores, or Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set."""
-        tool_rates: Mapping[str, str] = settings.tool_rate_limits
-        if not settings.redis_url:
-            return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates)
-        from satgate_mcp.policy.redis_stores import RedisStores
+    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
+                      **parts: Unpack[Parts]) -> CallPolicy:
+        """The one place ``Settings`` become a policy. Stores not handed in are in memory, or
+        Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set. Delegation needs header auth."""
+        if settings.redis_url:
+            from satgate_mcp.policy.redis_stores import RedisStores
 
-        stores = RedisStores.from_url(settings.redis_url)
-        return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates,
-                   rate_limiter=stores.rate_limiter, budgets=stores.budgets, duplicates=stores.duplicates,
-                   on_close=[stores.aclose])
+            stores = RedisStores.from_url(settings.redis_url)
+            parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
+                     "duplicates": stores.duplicates, "on_close": [stores.aclose], **parts}
+        root_key = settings.root_key if settings.auth_mode == "header" else None
+        return cls(
+            publisher=publisher, metrics=metrics,
+            rate=rate_spec(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
+            tool_rates=parse_tool_rates(settings.tool_rate_limits),
+            costs=settings.tool_costs, default_cost=settings.default_cost, operator_budgets=settings.budgets,
+            enforcement=settings.enforcement,
+            root_key=root_key.get_secret_value() if root_key is not None else None,
+            **parts,
+        )
 
     # -- admit / run / settle -------------------------------------------------------------------
 
@@ -160,8 +198,8 @@ class CallPolicy:
             return Admission(identity, tool, Role.UNMETERED)
 
         # A negative configured cost would mint credits; treat it as free.
-        cost = max(0.0, resolve_cost(tool or "", self._settings.tool_costs, self._settings.default_cost))
-        limit = initial_limit(identity, self._settings.budgets)
+        cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
+        limit = initial_limit(identity, self._operator_budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
             return await self._charge(Admission(identity, tool, Role.UNGUARDED), cost, limit)
         key = duplicate_key(identity.token_id, session_id, request_id, params)
@@ -284,13 +322,13 @@ class CallPolicy:
 
     async def budget_status(self, identity: Identity) -> JsonObj:
         """``{tokenId, budgetId, remaining}``; remaining -1 means unlimited."""
-        limit = initial_limit(identity, self._settings.budgets)
+        limit = initial_limit(identity, self._operator_budgets)
         remaining = await self._budgets.remaining(identity.budget_key, limit=limit)
         return {
             "tokenId": identity.token_id,
             "budgetId": identity.budget_key,
             "remaining": shown_remaining(remaining),
-            "enforcement": self._settings.enforcement,
+            "enforcement": self._enforcement,
         }
 
     # -- satgate/delegate -----------------------------------------------------------------------

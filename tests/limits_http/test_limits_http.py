@@ -207,9 +207,9 @@ class Deployment:
         """
         pool = pool or ScriptedPool()
         metrics = metrics or self.metrics
-        policy = CallPolicy(self.settings, publisher=self.publisher, metrics=metrics, clock=self.clock,
-                            tool_rate_limits=self.settings.tool_rate_limits, budgets=self.policy._budgets,
-                            duplicates=self.policy._duplicates, rate_limiter=self.policy._limiter)
+        policy = CallPolicy.from_settings(self.settings, publisher=self.publisher, metrics=metrics, clock=self.clock,
+                                          budgets=self.policy._budgets, duplicates=self.policy._duplicates,
+                                          rate_limiter=self.policy._limiter)
         app = create_app(self.settings, authenticator=self.authenticator, pool=pool, policy=policy,
                          publisher=self.publisher, metrics=metrics, clock=self.clock)
         return Gateway(app, await self.aiohttp_client(app), pool)
@@ -241,8 +241,7 @@ def deploy(aiohttp_client: AiohttpClient) -> Deploy:
     def make(**overrides: Any) -> Deployment:
         settings = header_settings(**overrides)
         clock, publisher, metrics = FakeClock(), CountingPublisher(), Metrics()
-        policy = CallPolicy(settings, publisher=publisher, metrics=metrics, clock=clock,
-                            tool_rate_limits=settings.tool_rate_limits)
+        policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, clock=clock)
         authenticator = MacaroonAuthenticator(ROOT_KEY, MemoryRevocationStore(), clock=FakeClock(WALL))
         return Deployment(settings, policy, clock, publisher, metrics, authenticator, aiohttp_client)
 

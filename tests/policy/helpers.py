@@ -49,21 +49,23 @@ def settings(**overrides: Any) -> Settings:
 
 def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, **overrides: Any
                 ) -> tuple[CallPolicy, RecordingPublisher, Metrics, FakeMinter]:
+    """A policy over ``settings(**overrides)``; the parts a test may plug in are taken out first."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
-    kwargs = {k: overrides.pop(k) for k in ("tool_rate_limits", "max_delegation_depth", "new_id")
-              if k in overrides}
-    policy = CallPolicy(settings(**overrides), publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
-                        wall_clock=wall or FakeClock(1_700_000_000.0), minter=minter, verifier=minter.verify,
-                        **kwargs)
+    kwargs = {k: overrides.pop(k) for k in ("max_delegation_depth", "new_id") if k in overrides}
+    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+                                      clock=clock or FakeClock(), wall_clock=wall or FakeClock(1_700_000_000.0),
+                                      minter=minter, verifier=minter.verify, **kwargs)
     return policy, publisher, metrics, minter
 
 
-def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None) -> CallPolicy:
-    """Another process on the same deployment: its own memory (calls in flight), the first one's stores."""
+def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None, **overrides: Any) -> CallPolicy:
+    """Another process on the same deployment (``settings(**overrides)``): its own memory (calls in
+    flight), the first one's stores."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
-    return CallPolicy(policy._settings, publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
-                      minter=minter, verifier=minter.verify, budgets=policy._budgets, duplicates=policy._duplicates,
-                      rate_limiter=policy._limiter)
+    return CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+                                    clock=clock or FakeClock(), minter=minter, verifier=minter.verify,
+                                    budgets=policy._budgets, duplicates=policy._duplicates,
+                                    rate_limiter=policy._limiter)
 
 
 def refusals(metrics: Metrics, reason: str) -> float:

@@ -15,6 +15,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy import CallPolicy, FailureKind, failure_kind, refundable, upstream_certainly_did_not_run
+from satgate_mcp.policy.limits import rate_spec
 from tests.fakes import FakeClock
 from tests.policy.helpers import ROOT_KEY, make_policy, refusals, settings, sharing_stores
 
@@ -160,6 +161,19 @@ async def test_hundred_concurrent_admits_never_overspend() -> None:
     assert all(isinstance(r, GatewayError) and r.data and r.data["error"] == "budget_exhausted"
                for r in results if isinstance(r, BaseException))
     assert (await policy.budget_status(small))["remaining"] == 0
+
+
+async def test_the_policy_takes_its_limits_explicitly_without_settings() -> None:
+    policy = CallPolicy(publisher=RecordingPublisher(), metrics=Metrics(), clock=FakeClock(), rate=rate_spec("2/s"),
+                        costs={"big": 2}, default_cost=0.5, operator_budgets={"team": 3}, enforcement="control")
+    team = Identity("a", budget_id="team")
+    await admit_tool(policy, team, "big", request_id=1)
+    await admit_tool(policy, team, "small", request_id=2)
+    assert await policy.budget_status(team) == {"tokenId": "a", "budgetId": "team", "remaining": 0.5,
+                                                "enforcement": "control"}
+    assert (await refusal(admit_tool(policy, team, "small", request_id=3))).code == -32004
+    assert (await refusal(policy.delegate(team, {"budget": 0.5}))).data == {
+        "error": "delegation_failed", "reason": "delegation needs header auth"}  # no root key given
 
 
 # -- refunds ---------------------------------------------------------------------------------------------
@@ -499,8 +513,8 @@ async def test_minter_errors_become_delegation_failed() -> None:
     def broken(*args: Any, **kwargs: Any) -> str:
         raise ValueError("invalid tool pattern")
 
-    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), minter=broken,
-                        wall_clock=FakeClock(WALL))
+    policy = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(), minter=broken,
+                                      wall_clock=FakeClock(WALL))
     err = await refusal(policy.delegate(PARENT, {"budget": 1}))
     assert err.data == {"error": "delegation_failed", "reason": "could not mint the child token: invalid tool pattern"}
     assert (await policy.budget_status(PARENT))["remaining"] == 10
@@ -508,7 +522,7 @@ async def test_minter_errors_become_delegation_failed() -> None:
 
 async def test_delegation_with_the_real_minter_verifies() -> None:
     wall = FakeClock(WALL)
-    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=wall)
+    policy = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=wall)
     root = Identity("root-tok", budget_limit=100, tool_filters=(("db_*",),), expires_at=WALL + 600)
     first = await policy.delegate(root, {"budget": 30, "tools": "db_read,db_list", "ttl": 300})
     child = verify_token(ROOT_KEY, first["token"], now=WALL + 1)
@@ -543,8 +557,8 @@ async def test_attack_children_share_their_roots_rate_bucket() -> None:
 async def test_attack_a_delegate_loop_is_refused_once_the_family_bucket_is_empty() -> None:
     """A parent with unlimited credits mints children in a loop: the loop and every child draw from one bucket."""
     clock = FakeClock()
-    policy = CallPolicy(settings(rate_limit="5/s"), publisher=RecordingPublisher(), metrics=Metrics(), clock=clock,
-                        wall_clock=FakeClock(WALL))
+    policy = CallPolicy.from_settings(settings(rate_limit="5/s"), publisher=RecordingPublisher(), metrics=Metrics(),
+                                      clock=clock, wall_clock=FakeClock(WALL))
     root = Identity("root")
 
     async def delegate_once(n: int) -> Identity:
@@ -574,7 +588,8 @@ async def test_attack_a_delegate_loop_is_refused_once_the_family_bucket_is_empty
     pytest.param({"budget": 1, "ttl": 1e15 - 1_000_000}, id="expiry-beyond-what-a-caveat-carries"),
 ])
 async def test_attack_out_of_range_numbers_are_refused_before_any_credit_moves(params: JsonObj) -> None:
-    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=FakeClock(WALL))
+    policy = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(),
+                                      wall_clock=FakeClock(WALL))
     parent = Identity("parent", budget_limit=10)
     err = await refusal(policy.delegate(parent, params))
     assert err.data is not None
@@ -586,8 +601,8 @@ async def test_a_minted_child_that_does_not_verify_moves_no_credits() -> None:
     def unverifiable(root_key: str, token: str) -> Identity:
         raise ValueError("signature does not verify")
 
-    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=FakeClock(WALL),
-                        verifier=unverifiable)
+    policy = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(),
+                                      wall_clock=FakeClock(WALL), verifier=unverifiable)
     err = await refusal(policy.delegate(PARENT, {"budget": 4}))
     assert err.data == {"error": "delegation_failed", "reason": "the minted child token does not verify"}
     assert (await policy.budget_status(PARENT))["remaining"] == 10
@@ -596,8 +611,8 @@ async def test_a_minted_child_that_does_not_verify_moves_no_credits() -> None:
 async def test_an_unlimited_parents_children_accounts_expire_with_them() -> None:
     clock = FakeClock()
     ids = iter(range(1000))
-    policy = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), clock=clock,
-                        wall_clock=FakeClock(WALL), new_id=lambda: f"n{next(ids)}")
+    policy = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(), clock=clock,
+                                      wall_clock=FakeClock(WALL), new_id=lambda: f"n{next(ids)}")
     for _ in range(50):
         await policy.delegate(Identity("rich"), {"budget": 1, "ttl": 30})
     assert len(policy._budgets) == 50  # type: ignore[arg-type]
