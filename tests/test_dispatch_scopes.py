@@ -203,8 +203,8 @@ def test_visible_listing_leaves_odd_replies_alone() -> None:
 
 
 def rate_limited_policy(clock: FakeClock) -> CallPolicy:
-    return CallPolicy(Settings(rate_limit="3/m", rate_burst=3), publisher=RecordingPublisher(), metrics=Metrics(),
-                      clock=clock)
+    return CallPolicy.from_settings(Settings(rate_limit="3/m", rate_burst=3), publisher=RecordingPublisher(),
+                                    metrics=Metrics(), clock=clock)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The duplicate guard: identical copies of one call run once, and a re-send is never a free call.
 
 Copies of a call (same token, session, request id and params) that arrive while the first is
-unsettled share its one execution in this process (``CallPolicy`` holds those in memory). What a
+unsettled share its one execution in this process (held in memory by shared_calls.py). What a
 store keeps is the durable half: a record per call *in flight*, deleted when it settles. A record
 that is still there when a copy arrives in a process that does not hold the call means the first
 copy's process died (or another replica runs it): exactly one such re-send goes through uncharged,

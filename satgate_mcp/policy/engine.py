@@ -7,20 +7,19 @@ answers itself (``tools/list``, ``ping``) passes freely. Every limit is keyed by
 (its delegation family for rates) or budget id, never by session; only the duplicate guard uses the
 session id (with the token id, request id and params), by design: it recognises one client
 re-sending one call, which a resumed session does under the same id. Identical copies in flight
-share one execution (``run``); see duplicates.py. An empty session id (stateless requests) turns
-the guard off for that call.
+share one execution (``run``, shared_calls.py); who pays is duplicates.py's. How a call settles
+is decided purely in settlement.py from its ``Role`` and what happened; this module carries it out.
+An empty session id (stateless requests) turns the guard off for that call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import structlog
+from types import MappingProxyType
+from typing import Any, TypedDict, Unpack
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
@@ -31,109 +30,104 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import (
     BudgetStore,
     MemoryBudgetStore,
-    child_account_ttl,
     initial_limit,
     resolve_cost,
     shown_remaining,
 )
-from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, DelegationRefused, Minter, Verifier, plan_child
+from satgate_mcp.policy.delegate import Delegator
+from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, Minter, Verifier
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
     DUPLICATE_TTL_SECONDS,
-    FIRST_SETTLED,
-    REFUSED,
-    REPLAY_SETTLED,
     Arrival,
     DuplicateStore,
     MemoryDuplicateStore,
-    Settlement,
     duplicate_key,
 )
 from satgate_mcp.policy.limits import (
     MemoryRateLimiter,
     RateLimiter,
     RateSpec,
+    ToolRate,
     buckets_for,
     parse_tool_rates,
     rate_family,
     rate_spec,
     retry_after_seconds,
 )
-from satgate_mcp.policy.refunds import failure_kind, refundable
+from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
+from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
 from satgate_mcp.settings import Settings
 
 TOOLS_CALL = "tools/call"
-GATEWAY_METHOD_PREFIX = "satgate/"
 #: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
 UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
 BUDGET_EXHAUSTED_CODE = -32000
-DELEGATION_FAILED_CODE = -32000
 
-_log = structlog.get_logger("satgate_mcp.policy")
+_NONE: Mapping[str, float] = MappingProxyType({})
 
-UpstreamCall = Callable[[], Awaitable[JsonObj]]
-
-
-class SharedCall:
-    """The one execution that identical copies of a call in flight in this process all await.
-
-    The execution runs in its own task, so one copy going away (its client disconnected or
-    cancelled) leaves it running for the others; only when no copy waits any more is it cancelled.
-    """
-
-    def __init__(self) -> None:
-        self.answer: asyncio.Future[JsonObj] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] | None = None
-        self.waiters = 0
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.answer.done():
-            self.answer.set_exception(exc)
-            self.answer.exception()  # retrieved here: copies that join re-raise it, none need to
-
-    async def join(self) -> JsonObj:
-        self.waiters += 1
-        try:
-            return await asyncio.shield(self.answer)
-        finally:
-            self.waiters -= 1
-            if self.waiters == 0 and self.task is not None and not self.task.done():
-                self.task.cancel()  # nobody wants the answer any more: let the upstream know
-                await asyncio.wait({self.task})
+#: Roles that took their stake from the budget at admission.
+_CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Admission:
     """What ``admit`` let through; hand it to ``run`` (or ``settle``) exactly once."""
 
     identity: Identity
-    method: str
     tool: str | None
-    budget_key: str
-    cost: float = 0.0
-    #: Credits taken from a limited budget by this admission (0 for copies and free passes).
-    charged: float = 0.0
-    limited: bool = False
-    #: Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled.
-    duplicate: bool = False
+    role: Role
+    #: What a refund gives back: the cost, when the budget is limited (0 otherwise). A re-send's
+    #: is the first copy's charge, which it handed over to pay for this one.
+    stake: float = 0.0
+    #: Credits left as this admission last saw them (None: unlimited), for the spend events.
+    remaining: float | None = None
     duplicate_key: str | None = None
-    #: How the durable record admitted it (None: no guard, or a copy joining one in this process).
-    arrival: Arrival | None = None
     #: The execution identical copies share; None when the guard is off.
     shared: SharedCall | None = None
-    #: This copy joins ``shared`` instead of running it.
-    follows: bool = False
-    remaining: float | None = None
-    settled: bool = False
+
+    @property
+    def duplicate(self) -> bool:
+        """Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled."""
+        return self.role in (Role.JOINED, Role.REPLAY)
+
+    @property
+    def charged(self) -> float:
+        """Credits this open admission took from a limited budget (0 for copies and free passes)."""
+        return self.stake if self.role in _CHARGED else 0.0
+
+
+class Parts(TypedDict, total=False):
+    """What a deployment (or a test) plugs in besides the configuration: clocks, stores, minting."""
+
+    clock: Callable[[], float]
+    wall_clock: Callable[[], float]
+    minter: Minter | None
+    verifier: Verifier | None
+    rate_limiter: RateLimiter | None
+    budgets: BudgetStore | None
+    duplicates: DuplicateStore | None
+    max_delegation_depth: int
+    duplicate_ttl: float
+    new_id: Callable[[], str]
+    on_close: Sequence[Callable[[], Awaitable[None]]]
 
 
 class CallPolicy:
+    """The limits of one deployment, given explicitly; ``from_settings`` reads them from ``Settings``."""
+
     def __init__(
         self,
-        settings: Settings,
         *,
         publisher: Publisher,
         metrics: Metrics,
+        rate: RateSpec | None = None,
+        tool_rates: Sequence[ToolRate] = (),
+        costs: Mapping[str, float] = _NONE,
+        default_cost: float = 1.0,
+        operator_budgets: Mapping[str, float] = _NONE,
+        enforcement: str = "observe",
+        root_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         minter: Minter | None = None,
@@ -141,83 +135,90 @@ class CallPolicy:
         rate_limiter: RateLimiter | None = None,
         budgets: BudgetStore | None = None,
         duplicates: DuplicateStore | None = None,
-        tool_rate_limits: Mapping[str, str] | None = None,
         max_delegation_depth: int = DEFAULT_MAX_DEPTH,
         duplicate_ttl: float = DUPLICATE_TTL_SECONDS,
         new_id: Callable[[], str] = lambda: secrets.token_hex(12),
         on_close: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
-        self._settings = settings
+        """``rate`` and ``tool_rates`` limit each token family; ``costs`` (by tool pattern, else
+        ``default_cost``) are charged to budgets that start at the caveat's limit or the operator's
+        ``operator_budgets`` entry; ``enforcement`` is ``"control"`` (refuse) or ``"observe"``
+        (charge and report). ``root_key`` mints delegated children; None refuses delegation."""
         self._publisher = publisher
         self._metrics = metrics
-        self._wall_clock = wall_clock
-        self._minter = minter
-        self._verifier = verifier
+        self._rate = rate
+        self._tool_rates = tuple(tool_rates)
+        self._costs = costs
+        self._default_cost = default_cost
+        self._operator_budgets = operator_budgets
+        self._enforcement = enforcement
+        self._enforce = enforcement == "control"
         # ``is None``, not ``or``: an empty memory store has a length of 0, yet it is the one given.
         self._limiter: RateLimiter = MemoryRateLimiter(clock=clock) if rate_limiter is None else rate_limiter
         self._budgets: BudgetStore = MemoryBudgetStore(clock=clock) if budgets is None else budgets
         self._duplicates: DuplicateStore = (MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
                                             if duplicates is None else duplicates)
-        self._rate: RateSpec | None = (
-            rate_spec(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None
-        )
-        self._tool_rates = parse_tool_rates(tool_rate_limits or {})
-        self._enforce = settings.enforcement == "control"
-        self._max_depth = max_delegation_depth
-        self._new_id = new_id
+        self._delegator = Delegator(root_key=root_key, budgets=self._budgets, operator_budgets=operator_budgets,
+                                    publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
+                                    verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
         self._on_close = tuple(on_close)
-        #: Calls in flight in this process, by duplicate key: what identical copies join.
-        self._in_flight: dict[str, SharedCall] = {}
+        self._in_flight = InFlight()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics) -> CallPolicy:
-        """In-memory stores, or Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set."""
-        tool_rates: Mapping[str, str] = settings.tool_rate_limits
-        if not settings.redis_url:
-            return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates)
-        from satgate_mcp.policy.redis_stores import RedisStores
+    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
+                      **parts: Unpack[Parts]) -> CallPolicy:
+        """The one place ``Settings`` become a policy. Stores not handed in are in memory, or
+        Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set. Delegation needs header auth."""
+        if settings.redis_url:
+            from satgate_mcp.policy.redis_stores import RedisStores
 
-        stores = RedisStores.from_url(settings.redis_url)
-        return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates,
-                   rate_limiter=stores.rate_limiter, budgets=stores.budgets, duplicates=stores.duplicates,
-                   on_close=[stores.aclose])
+            stores = RedisStores.from_url(settings.redis_url)
+            parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
+                     "duplicates": stores.duplicates, "on_close": [stores.aclose], **parts}
+        root_key = settings.root_key if settings.auth_mode == "header" else None
+        return cls(
+            publisher=publisher, metrics=metrics,
+            rate=rate_spec(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
+            tool_rates=parse_tool_rates(settings.tool_rate_limits),
+            costs=settings.tool_costs, default_cost=settings.default_cost, operator_budgets=settings.budgets,
+            enforcement=settings.enforcement,
+            root_key=root_key.get_secret_value() if root_key is not None else None,
+            **parts,
+        )
 
     # -- admit / run / settle -------------------------------------------------------------------
 
     async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
                     request_id: RequestId, params: JsonObj | None) -> Admission:
         """Let one request through or raise the GatewayError the client should see."""
-        admission = Admission(identity, method, tool, identity.budget_key)
         if method in UNMETERED_METHODS:
-            return admission
+            return Admission(identity, tool, Role.UNMETERED)
         await self._check_rate(identity, method, tool if method == TOOLS_CALL else None)
         if method != TOOLS_CALL:
-            return admission
+            return Admission(identity, tool, Role.UNMETERED)
 
         # A negative configured cost would mint credits; treat it as free.
-        admission.cost = max(0.0, resolve_cost(tool or "", self._settings.tool_costs, self._settings.default_cost))
-        limit = initial_limit(identity, self._settings.budgets)
+        cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
+        limit = initial_limit(identity, self._operator_budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
-            await self._charge(admission, limit)
-            return admission
-        key = admission.duplicate_key = duplicate_key(identity.token_id, session_id, request_id, params)
+            return await self._charge(Admission(identity, tool, Role.UNGUARDED), cost, limit)
+        key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
-            admission.shared, admission.follows = shared, True
-            await self._admit_free(admission, limit)
-            return admission
+            return await self._admit_free(Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared),
+                                          cost, limit)
         # Registered before any await, so a copy arriving meanwhile joins this one.
-        shared = admission.shared = self._in_flight[key] = SharedCall()
+        shared = self._in_flight.open(key)
+        admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared)
         try:
-            admission.arrival = Arrival(await self._duplicates.apply(key, ARRIVAL))
-            if admission.arrival is Arrival.REPLAY:
-                await self._admit_free(admission, limit)
-            else:
-                await self._charge(admission, limit)
+            admission.role = ROLE_ON_ARRIVAL[Arrival(await self._duplicates.apply(key, ARRIVAL))]
+            if admission.role is Role.REPLAY:
+                return await self._admit_free(admission, cost, limit)
+            return await self._charge(admission, cost, limit)
         except BaseException as exc:
-            await self._abandon(admission, key, shared, exc)
+            shared.fail(exc if isinstance(exc, GatewayError) else cancelled())  # copies share the refusal
+            await self._close(admission, Outcome.REFUSED)
             raise
-        return admission
 
     async def run(self, admission: Admission, call: UpstreamCall) -> JsonObj:
         """Forward a ``tools/call`` once for every identical copy in flight, then settle it.
@@ -236,64 +237,41 @@ class CallPolicy:
                 failure = exc
                 raise
             finally:
-                await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
-        if not admission.follows and shared.task is None:
-            shared.task = asyncio.create_task(self._execute(admission, shared, call))
+                await self._close(admission, outcome_of(reply, failure))
+        if admission.role is not Role.JOINED:
+            shared.start(call, lambda reply, failure: self._close(admission, outcome_of(reply, failure)))
         return await shared.join()
 
-    async def _execute(self, admission: Admission, shared: SharedCall, call: UpstreamCall) -> None:
-        reply: JsonObj | None = None
-        failure: BaseException | None = None
-        try:
-            reply = await call()
-        except BaseException as exc:
-            failure = exc
-        try:
-            await self.settle(admission, ran=not refundable(failure_kind(reply, failure)))
-        finally:
-            self._forget(admission, shared)
-            if reply is not None:
-                shared.answer.set_result(reply)
-            elif isinstance(failure, asyncio.CancelledError):
-                shared.fail(_cancelled())
-            else:
-                shared.fail(failure or RuntimeError("no reply"))
-
     async def settle(self, admission: Admission, *, ran: bool) -> None:
-        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it.
+        """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it."""
+        await self._close(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
+
+    async def _close(self, admission: Admission, outcome: Outcome) -> None:
+        """Carry out ``closing``: move the record, let go of the shared call, refund.
 
         The ``tool_call`` event is the dispatcher's (it knows the upstream and outcome); a refund
         is published as a negative ``budget_spend`` so summing spend events gives what was paid.
         """
-        if admission.settled:
-            return
-        admission.settled = True
-        if admission.method != TOOLS_CALL or admission.follows:
-            return
-        key, amount, refund = admission.duplicate_key, admission.charged, not ran
+        plan = closing(admission.role, outcome)
+        admission.role = Role.SETTLED
+        record_says: str | None = None
         try:
-            if key is not None and admission.arrival is Arrival.FIRST:
-                refund = Settlement(await self._duplicates.apply(key, FIRST_SETTLED[ran])) is Settlement.REFUND
-            elif key is not None and admission.arrival is Arrival.REPLAY:
-                # A refund here gives back the first copy's charge, which it handed over to pay for this one.
-                refund = Settlement(await self._duplicates.apply(key, REPLAY_SETTLED[ran])) is Settlement.REFUND
-                amount = admission.cost
+            if plan.record is not None and admission.duplicate_key is not None:
+                record_says = await self._duplicates.apply(admission.duplicate_key, plan.record)
         finally:
             # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
-            if admission.shared is not None:
-                self._forget(admission, admission.shared)
-                if admission.shared.task is None:  # settled without ``run``: copies waiting get no answer
-                    admission.shared.fail(_cancelled())
-        if refund and admission.limited and amount:
-            await self._budgets.refund(admission.budget_key, amount)
+            if plan.release and admission.duplicate_key is not None and admission.shared is not None:
+                self._in_flight.release(admission.duplicate_key, admission.shared)
+        amount = admission.stake
+        if plan.refunds(record_says) and amount:
+            await self._budgets.refund(admission.identity.budget_key, amount)
             admission.remaining = (admission.remaining or 0.0) + amount
             self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
                                     tool=admission.tool or "", cost=-amount, refund=True,
                                     remaining=shown_remaining(admission.remaining))
-            admission.charged = 0.0
 
-    async def _charge(self, admission: Admission, limit: float | None) -> None:
-        identity, name, cost = admission.identity, admission.tool or "", admission.cost
+    async def _charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
+        identity, name = admission.identity, admission.tool or ""
         charge = await self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce)
         if charge.exceeded:
             self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
@@ -310,36 +288,20 @@ class CallPolicy:
                 "token_id": identity.token_id,
                 "budget_id": identity.budget_key,
             }, code=BUDGET_EXHAUSTED_CODE)
-        admission.limited = charge.remaining is not None
-        admission.charged = cost
+        admission.stake = cost if charge.remaining is not None else 0.0
         admission.remaining = charge.remaining
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=cost,
                                 remaining=shown_remaining(charge.remaining))
+        return admission
 
-    async def _admit_free(self, admission: Admission, limit: float | None) -> None:
+    async def _admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
-        admission.duplicate = True
-        admission.remaining = await self._budgets.remaining(admission.budget_key, limit=limit)
-        admission.limited = admission.remaining is not None
-        extra = {"replay": True} if admission.arrival is Arrival.REPLAY else {}
+        admission.remaining = await self._budgets.remaining(admission.identity.budget_key, limit=limit)
+        admission.stake = cost if admission.remaining is not None else 0.0
+        extra = {"replay": True} if admission.role is Role.REPLAY else {}
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
                                 cost=0, duplicate=True, remaining=shown_remaining(admission.remaining), **extra)
-
-    async def _abandon(self, admission: Admission, key: str, shared: SharedCall, exc: BaseException) -> None:
-        """A leading copy refused (or cancelled) while being admitted: undo its record; copies share the refusal."""
-        try:
-            if admission.arrival is Arrival.FIRST:
-                await self._duplicates.apply(key, REFUSED)
-            elif admission.arrival is Arrival.REPLAY:
-                await self._duplicates.apply(key, REPLAY_SETTLED[False])
-        finally:
-            admission.settled = True
-            self._forget(admission, shared)
-            shared.fail(exc if isinstance(exc, GatewayError) else _cancelled())
-
-    def _forget(self, admission: Admission, shared: SharedCall) -> None:
-        if admission.duplicate_key is not None and self._in_flight.get(admission.duplicate_key) is shared:
-            del self._in_flight[admission.duplicate_key]
+        return admission
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None) -> None:
         # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
@@ -360,99 +322,20 @@ class CallPolicy:
 
     async def budget_status(self, identity: Identity) -> JsonObj:
         """``{tokenId, budgetId, remaining}``; remaining -1 means unlimited."""
-        limit = initial_limit(identity, self._settings.budgets)
+        limit = initial_limit(identity, self._operator_budgets)
         remaining = await self._budgets.remaining(identity.budget_key, limit=limit)
         return {
             "tokenId": identity.token_id,
             "budgetId": identity.budget_key,
             "remaining": shown_remaining(remaining),
-            "enforcement": self._settings.enforcement,
+            "enforcement": self._enforcement,
         }
 
     # -- satgate/delegate -----------------------------------------------------------------------
 
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
-        """Mint a child token whose credits move out of the parent's budget; see delegation.py."""
-        try:
-            return await self._delegate(identity, params)
-        except DelegationRefused as exc:
-            self._metrics.refusals.labels(reason="delegation_failed").inc()
-            self._publisher.publish(events.DELEGATION, ok=False, parent_id=identity.token_id,
-                                    parent_budget_id=identity.budget_key, reason=exc.reason)
-            data: JsonObj = {"error": "delegation_failed", "reason": exc.reason}
-            raise GatewayError(f"Delegation failed: {exc.reason}", data, code=DELEGATION_FAILED_CODE) from None
-
-    async def _delegate(self, parent: Identity, params: JsonObj | None) -> JsonObj:
-        """Validate, mint, verify, and only then move the credits: any failure leaves the parent as it was."""
-        if self._settings.auth_mode != "header" or self._settings.root_key is None:
-            raise DelegationRefused("delegation needs header auth")
-        root_key = self._settings.root_key.get_secret_value()
-        now = self._wall_clock()
-        plan = plan_child(parent, params, now=now, max_depth=self._max_depth)
-        suffix = self._new_id()
-        child_id, child_budget_id = f"dlg-{suffix}", f"dlg-budget-{suffix}"
-        try:
-            token = self._mint()(
-                root_key, child_id,
-                ttl=plan.ttl, tools=list(plan.tools) if plan.tools is not None else None,
-                budget_id=child_budget_id, budget_limit=plan.budget, tenant=parent.tenant,
-                parent_id=parent.token_id, depth=plan.depth, now=now,
-                ancestors=plan.ancestors, max_depth=plan.max_depth,
-                resources=plan.resources, prompts=plan.prompts,
-            )
-        except ValueError as exc:
-            raise DelegationRefused(f"could not mint the child token: {exc}") from None
-        except Exception:
-            _log.exception("delegation_mint_failed", parent_id=parent.token_id)
-            raise DelegationRefused("could not mint the child token") from None
-        self._check_minted(root_key, token, child_id, child_budget_id)
-
-        moved = await self._budgets.transfer(parent.budget_key, child_budget_id, plan.budget,
-                                             parent_limit=initial_limit(parent, self._settings.budgets),
-                                             ttl=child_account_ttl(plan.ttl))
-        if not moved.allowed:
-            if moved.exceeded:
-                raise DelegationRefused(
-                    f"parent budget holds {shown_remaining(moved.remaining):g} credits, "
-                    f"less than the {plan.budget:g} requested")
-            raise DelegationRefused("child budget id already exists")
-        self._publisher.publish(events.DELEGATION, ok=True, token_id=child_id, budget_id=child_budget_id,
-                                parent_id=parent.token_id, parent_budget_id=parent.budget_key,
-                                budget=plan.budget, parent_remaining=shown_remaining(moved.remaining),
-                                depth=plan.depth, expires_at=plan.expires_at, label=plan.label)
-        return {
-            "token": token,
-            "tokenId": child_id,
-            "budgetId": child_budget_id,
-            "budget": plan.budget,
-            "expiresAt": plan.expires_at,
-            "parentId": parent.token_id,
-            "depth": plan.depth,
-            "tools": list(plan.tools) if plan.tools is not None else None,
-            "label": plan.label,
-            "parentRemaining": shown_remaining(moved.remaining),
-        }
-
-    def _check_minted(self, root_key: str, token: str, child_id: str, child_budget_id: str) -> None:
-        """The child must verify as what was meant before any credit moves to it."""
-        if self._verifier is None:
-            from satgate_mcp.auth.macaroons import verify_signature
-
-            self._verifier = verify_signature
-        try:
-            child = self._verifier(root_key, token)
-        except Exception as exc:
-            _log.warning("delegation_child_unverifiable", child_id=child_id, error=str(exc) or repr(exc))
-            raise DelegationRefused("the minted child token does not verify") from None
-        if (child.token_id, child.budget_id) != (child_id, child_budget_id):
-            raise DelegationRefused("the minted child token does not verify")
-
-    def _mint(self) -> Minter:
-        if self._minter is None:
-            from satgate_mcp.auth.macaroons import mint_token
-
-            self._minter = mint_token
-        return self._minter
+        """Mint a child token whose credits move out of the parent's budget; see delegate.py."""
+        return await self._delegator.delegate(identity, params)
 
     async def close(self) -> None:
         await self._limiter.close()
@@ -464,11 +347,6 @@ class CallPolicy:
     @staticmethod
     def _fields(identity: Identity) -> dict[str, Any]:
         return {"token_id": identity.token_id, "budget_id": identity.budget_key}
-
-
-def _cancelled() -> GatewayError:
-    """What a copy that joined a call gets when that call was cancelled under it."""
-    return GatewayError("Request cancelled", {"error": "cancelled"})
 
 
 def _before(remaining_after: float | None, cost: float) -> float | None:

@@ -131,8 +131,8 @@ def test_a_delegated_child_inherits_the_parents_resources(resource_filters: tupl
 
 async def test_attack_delegated_child_widens_resources() -> None:
     """A child minted by the real policy with the root key carries its parent's resources and prompts caveats."""
-    policy = CallPolicy(Settings(auth_mode="header", root_key=SecretStr(KEY)), publisher=RecordingPublisher(),
-                        metrics=Metrics(), wall_clock=lambda: NOW)
+    policy = CallPolicy.from_settings(Settings(auth_mode="header", root_key=SecretStr(KEY)),
+                                      publisher=RecordingPublisher(), metrics=Metrics(), wall_clock=lambda: NOW)
     parent = verify_token(KEY, mint_token(KEY, "parent", resources=["file:///docs/*"], prompts=["public_*"],
                                           now=NOW), now=NOW)
     child = verify_token(KEY, (await policy.delegate(parent, {"budget": 1}))["token"], now=NOW)

@@ -1,18 +1,24 @@
-"""Shared test doubles for the policy tests: a fake clock and a recording minter (and its verifier)."""
+"""Shared pieces of the policy tests: a recording minter (and its verifier), policies, and calls to admit."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
 from tests.fakes import FakeClock
 
 ROOT_KEY = "k" * 32
+ALICE = Identity("alice", budget_limit=10)
+WALL = 1_700_000_000.0
 
 
 class FakeMinter:
@@ -49,23 +55,41 @@ def settings(**overrides: Any) -> Settings:
 
 def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, **overrides: Any
                 ) -> tuple[CallPolicy, RecordingPublisher, Metrics, FakeMinter]:
+    """A policy over ``settings(**overrides)``; the parts a test may plug in are taken out first."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
-    kwargs = {k: overrides.pop(k) for k in ("tool_rate_limits", "max_delegation_depth", "new_id")
-              if k in overrides}
-    policy = CallPolicy(settings(**overrides), publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
-                        wall_clock=wall or FakeClock(1_700_000_000.0), minter=minter, verifier=minter.verify,
-                        **kwargs)
+    kwargs = {k: overrides.pop(k) for k in ("max_delegation_depth", "new_id") if k in overrides}
+    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+                                      clock=clock or FakeClock(), wall_clock=wall or FakeClock(WALL),
+                                      minter=minter, verifier=minter.verify, **kwargs)
     return policy, publisher, metrics, minter
 
 
-def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None) -> CallPolicy:
-    """Another process on the same deployment: its own memory (calls in flight), the first one's stores."""
+def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None, **overrides: Any) -> CallPolicy:
+    """Another process on the same deployment (``settings(**overrides)``): its own memory (calls in
+    flight), the first one's stores."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
-    return CallPolicy(policy._settings, publisher=publisher, metrics=metrics, clock=clock or FakeClock(),
-                      minter=minter, verifier=minter.verify, budgets=policy._budgets, duplicates=policy._duplicates,
-                      rate_limiter=policy._limiter)
+    return CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+                                    clock=clock or FakeClock(), minter=minter, verifier=minter.verify,
+                                    budgets=policy._budgets, duplicates=policy._duplicates,
+                                    rate_limiter=policy._limiter)
 
 
 def refusals(metrics: Metrics, reason: str) -> float:
     value = metrics.registry.get_sample_value("satgate_refusals_total", {"reason": reason})
     return value or 0.0
+
+
+def call(name: str = "echo", **arguments: Any) -> JsonObj:
+    return {"name": name, "arguments": arguments}
+
+
+async def admit_tool(policy: CallPolicy, identity: Identity = ALICE, tool: str = "echo", *, session: str = "s1",
+                     request_id: int | str = 1, params: JsonObj | None = None) -> Any:
+    return await policy.admit(identity, method="tools/call", tool=tool, session_id=session, request_id=request_id,
+                              params=params if params is not None else call(tool))
+
+
+async def refusal(coro: Any) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        await coro
+    return info.value

@@ -176,8 +176,9 @@ async def test_attack_a_child_budget_key_expires_with_the_child(stores: RedisSto
 async def test_attack_over_redis_a_call_whose_process_died_gets_one_free_re_send_and_no_more(prefix: str) -> None:
     def process() -> tuple[CallPolicy, RedisStores]:
         s = RedisStores.from_url(REDIS_URL, prefix=prefix)
-        return CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics(), rate_limiter=s.rate_limiter,
-                          budgets=s.budgets, duplicates=s.duplicates, on_close=[s.aclose]), s
+        return CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics(),
+                                        rate_limiter=s.rate_limiter, budgets=s.budgets, duplicates=s.duplicates,
+                                        on_close=[s.aclose]), s
 
     agent = Identity("agent", budget_limit=1)
     params: JsonObj = {"name": "echo", "arguments": {"text": "hi"}}
@@ -211,8 +212,9 @@ async def test_attack_over_redis_a_call_whose_process_died_gets_one_free_re_send
 
 async def test_policy_over_redis_hundred_concurrent_admits(prefix: str) -> None:
     s = RedisStores.from_url(REDIS_URL, prefix=prefix)
-    policy = CallPolicy(settings(rate_limit="1000/s"), publisher=RecordingPublisher(), metrics=Metrics(),
-                        rate_limiter=s.rate_limiter, budgets=s.budgets, duplicates=s.duplicates, on_close=[s.aclose])
+    policy = CallPolicy.from_settings(settings(rate_limit="1000/s"), publisher=RecordingPublisher(), metrics=Metrics(),
+                                      rate_limiter=s.rate_limiter, budgets=s.budgets, duplicates=s.duplicates,
+                                      on_close=[s.aclose])
     small = Identity("busy", budget_limit=7)
     try:
         results = await asyncio.gather(*(

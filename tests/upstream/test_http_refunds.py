@@ -103,7 +103,7 @@ async def notify(method: str, params: JsonObj | None) -> None:
 
 @pytest.fixture
 async def policy() -> AsyncIterator[CallPolicy]:
-    p = CallPolicy(settings(), publisher=RecordingPublisher(), metrics=Metrics())
+    p = CallPolicy.from_settings(settings(), publisher=RecordingPublisher(), metrics=Metrics())
     yield p
     await p.close()
 
