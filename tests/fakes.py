@@ -17,6 +17,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -53,6 +54,7 @@ class FakePool:
 
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj:
+        """What the fake upstream answers to one request: every pool operation records and asks this."""
         self.calls.append((method, params))
         args = (params or {}).get("arguments") or {}
         name = (params or {}).get("name")
@@ -70,6 +72,28 @@ class FakePool:
                 raise
         text = str(args.get("text", name))
         return jsonrpc.result_response(0, {"content": [{"type": "text", "text": text}], "isError": False})
+
+    async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("tools/call", params, on_progress=on_progress)
+
+    async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/read", params, on_progress=on_progress)
+
+    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/subscribe", params, on_progress=on_progress)
+
+    async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/unsubscribe", params, on_progress=on_progress)
+
+    async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("prompts/get", params, on_progress=on_progress)
+
+    async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("completion/complete", params, on_progress=on_progress)
+
+    async def listing(self, kind: Kind) -> JsonObj:
+        result: JsonObj = (await self.call(LISTINGS[kind].method, None))["result"]
+        return result
 
 
 class AllowAllPolicy:

@@ -8,9 +8,8 @@ advertised its target.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -26,12 +25,7 @@ from satgate_mcp.upstream.catalog import ALL_LISTS, LISTINGS, STALE_AFTER, Catal
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
-#: Receives (upstream name, method, params) for every upstream notification, after the pool refreshed.
-NotificationListener = Callable[[str, str, JsonObj | None], Awaitable[None]]
-
 MAX_PAGES = 1000
-#: list method -> the kind it lists
-LIST_METHODS: dict[str, Kind] = {listing.method: kind for kind, listing in LISTINGS.items()}
 
 
 def make_upstream(
@@ -47,6 +41,8 @@ def make_upstream(
 
 
 class UpstreamPool:
+    """Typed operations over every upstream; the dispatcher decides which one a request needs."""
+
     def __init__(
         self,
         specs: Mapping[str, StdioUpstreamSpec | HttpUpstreamSpec],
@@ -55,31 +51,12 @@ class UpstreamPool:
         metrics: Metrics,
         start_timeout: float = 10.0,
     ) -> None:
-        upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics) for n, s in specs.items()}
-        self._setup(upstreams, {n: s.tool_prefix for n, s in specs.items()}, start_timeout)
-
-    @classmethod
-    def from_upstreams(
-        cls,
-        upstreams: Mapping[str, Upstream],
-        *,
-        prefixes: Mapping[str, str] | None = None,
-        start_timeout: float = 10.0,
-    ) -> UpstreamPool:
-        """A pool over ready-made upstream objects (tests, embedding applications)."""
-        pool = cls.__new__(cls)
-        pool._setup(dict(upstreams), dict(prefixes or {}), start_timeout)
-        return pool
-
-    def _setup(self, upstreams: dict[str, Upstream], prefixes: dict[str, str], start_timeout: float) -> None:
-        self._upstreams = upstreams
-        self._order = list(upstreams)
-        self._prefixes = prefixes
+        self._upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics) for n, s in specs.items()}
+        self._order = list(specs)
         self._start_timeout = start_timeout
-        self._catalog = Catalog(self._order, prefixes)
-        self._locks = {name: asyncio.Lock() for name in upstreams}
-        self._stale: dict[str, set[Kind]] = {name: set() for name in upstreams}
-        self._listeners: list[NotificationListener] = []
+        self._catalog = Catalog(self._order, {n: s.tool_prefix for n, s in specs.items()})
+        self._locks = {name: asyncio.Lock() for name in specs}
+        self._stale: dict[str, set[Kind]] = {name: set() for name in specs}
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
 
@@ -109,20 +86,8 @@ class UpstreamPool:
             if isinstance(result, BaseException):
                 log.error("upstream_close_failed", upstream=name, error=repr(result))
 
-    @property
-    def upstreams(self) -> Mapping[str, Upstream]:
-        return MappingProxyType(self._upstreams)
-
     def readiness(self) -> dict[str, bool]:
         return {name: u.ready for name, u in self._upstreams.items()}
-
-    @property
-    def all_ready(self) -> bool:
-        return all(u.ready for u in self._upstreams.values())
-
-    def add_listener(self, listener: NotificationListener) -> None:
-        """Be told about upstream notifications (after list changes were applied), e.g. to tell clients."""
-        self._listeners.append(listener)
 
     # -- what the gateway advertises ---------------------------------------------------------
 
@@ -153,59 +118,72 @@ class UpstreamPool:
         return owner[0] if owner else None
 
     # -- requests ----------------------------------------------------------------------------
+    # Each answers with the upstream's reply message (``result`` or ``error``, id ``None``) and raises
+    # ``UnknownTarget`` when no upstream offers the target, or the upstream's ``UpstreamUnavailable``
+    # or ``UpstreamTimeout``.
 
-    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
-                   ) -> JsonObj:
-        """The reply message (``result`` or ``error``, id ``None``) for one client request.
-
-        Raises ``UnknownTarget`` for a tool, prompt or resource no upstream offers, and the
-        upstream's ``UpstreamUnavailable``/``UpstreamTimeout``.
-        """
-        params = strip_client_credentials(params)
-        if method == "ping":
-            return jsonrpc.result_response(None, {})
-        if method == "tools/call":
-            return _anonymous(await self._call_tool(params or {}, on_progress))
-        if method in LIST_METHODS:
-            if (params or {}).get("cursor") is not None:
-                raise GatewayError("Invalid cursor", {"error": "invalid_cursor"}, code=jsonrpc.INVALID_PARAMS)
-            if method == "tools/list":
-                return jsonrpc.result_response(None, {"tools": self.tools()})
-            return jsonrpc.result_response(None, await self._union(LIST_METHODS[method]))
-        if method == "prompts/get":
-            name = str((params or {}).get("name", ""))
-            if self._catalog.prompt_owner(name) is None:
-                await self._union("prompts")  # prompts may change without notice: look again
-            owner = self._catalog.prompt_owner(name)
-            if owner is None:
-                raise UnknownTarget(f"No upstream offers prompt {name[:200]!r}",
-                                    {"error": "unknown_prompt", "prompt": name[:200]})
-            return _anonymous(await self._forward(method, params, [owner], f"prompt {name!r}", on_progress))
-        if method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
-            uri = str((params or {}).get("uri", ""))
-            candidates = self._candidates(self._catalog.uri_owner(uri), "resources")
-            return _anonymous(await self._forward(method, params, candidates, f"resource {uri!r}", on_progress))
-        if method == "completion/complete":
-            ref = (params or {}).get("ref") or {}
-            ref = ref if isinstance(ref, dict) else {}
-            if ref.get("type") == "ref/prompt":
-                owner, offering, what = self._catalog.prompt_owner(str(ref.get("name"))), "prompts", "prompt"
-            else:
-                owner, offering, what = self._catalog.uri_owner(str(ref.get("uri"))), "resources", "resource"
-            candidates = self._candidates(owner, offering)
-            target = f"{what} {ref.get('name') or ref.get('uri')!r}"
-            return _anonymous(await self._forward(method, params, candidates, target, on_progress))
-        return jsonrpc.error_response(None, jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}",
-                                      {"error": "method_not_found"})
-
-    async def _call_tool(self, params: JsonObj, on_progress: ProgressCallback | None) -> JsonObj:
+    async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        """``tools/call`` on the tool's owner, under the upstream's own name for it."""
         name = params.get("name")
         owner = self._catalog.tool_owner(name) if isinstance(name, str) else None
         if owner is None:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": str(name)[:200]})
         upstream, original = owner
-        forwarded = {**params, "name": original}
-        return await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress)
+        forwarded = strip_client_credentials({**params, "name": original})
+        return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
+
+    async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self._resource_request("resources/read", params, on_progress)
+
+    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self._resource_request("resources/subscribe", params, on_progress)
+
+    async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self._resource_request("resources/unsubscribe", params, on_progress)
+
+    async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        name = str((params or {}).get("name", ""))
+        if self._catalog.prompt_owner(name) is None:
+            await self.listing("prompts")  # prompts may change without notice: look again
+        owner = self._catalog.prompt_owner(name)
+        if owner is None:
+            raise UnknownTarget(f"No upstream offers prompt {name[:200]!r}",
+                                {"error": "unknown_prompt", "prompt": name[:200]})
+        return await self._forward("prompts/get", params, [owner], f"prompt {name!r}", on_progress)
+
+    async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        """``completion/complete`` on the owner of the prompt or resource (template) its ref names."""
+        ref = (params or {}).get("ref") or {}
+        ref = ref if isinstance(ref, dict) else {}
+        if ref.get("type") == "ref/prompt":
+            owner, offering, what = self._catalog.prompt_owner(str(ref.get("name"))), "prompts", "prompt"
+        else:
+            owner, offering, what = self._catalog.uri_owner(str(ref.get("uri"))), "resources", "resource"
+        target = f"{what} {ref.get('name') or ref.get('uri')!r}"
+        return await self._forward("completion/complete", params, self._candidates(owner, offering), target,
+                                   on_progress)
+
+    async def listing(self, kind: Kind) -> JsonObj:
+        """The list result for one kind: tools as exposed, the others freshly fetched (they change without notice).
+
+        Fetching also updates routing. One page: merged lists carry no cursor.
+        """
+        if kind == "tools":
+            return {"tools": self.tools()}
+        listing = LISTINGS[kind]
+        names = [n for n in self._order if self._upstreams[n].ready and self._offers(n, listing.capability)]
+        pages = await asyncio.gather(*(self._fetch_all(n, listing.method, listing.key) for n in names))
+        for name, items in zip(names, pages, strict=True):
+            if items is not None:
+                self._catalog.update(name, kind, items)
+        self._catalog.rebuild()
+        return {listing.key: self._catalog.merged(kind)}
+
+    async def _resource_request(self, method: str, params: JsonObj | None,
+                                on_progress: ProgressCallback | None) -> JsonObj:
+        uri = str((params or {}).get("uri", ""))
+        candidates = self._candidates(self._catalog.uri_owner(uri), "resources")
+        return await self._forward(method, params, candidates, f"resource {uri!r}", on_progress)
 
     def _candidates(self, owner: str | None, capability: str) -> list[str]:
         """The owner from the listings, else every ready upstream that offers the capability."""
@@ -222,6 +200,7 @@ class UpstreamPool:
         """Ask each candidate in turn; the first success wins, else the last answer or failure stands."""
         if not candidates:
             raise UnknownTarget(f"No upstream offers {target}", {"error": "unknown_target", "method": method})
+        params = strip_client_credentials(params)
         reply: JsonObj | None = None
         failure: GatewayError | None = None
         for name in candidates:
@@ -231,22 +210,11 @@ class UpstreamPool:
                 failure = exc
                 continue
             if "error" not in reply:
-                return reply
+                return _anonymous(reply)
         if reply is not None:
-            return reply
+            return _anonymous(reply)
         assert failure is not None
         raise failure
-
-    async def _union(self, kind: Kind) -> JsonObj:
-        """A fresh union across upstreams (resources change without notice); also updates routing."""
-        listing = LISTINGS[kind]
-        names = [n for n in self._order if self._upstreams[n].ready and self._offers(n, listing.capability)]
-        pages = await asyncio.gather(*(self._fetch_all(n, listing.method, listing.key) for n in names))
-        for name, items in zip(names, pages, strict=True):
-            if items is not None:
-                self._catalog.update(name, kind, items)
-        self._catalog.rebuild()
-        return {listing.key: self._catalog.merged(kind)}
 
     # -- catalogs ----------------------------------------------------------------------------
 
@@ -294,20 +262,16 @@ class UpstreamPool:
                           fix=clash.message())
 
     async def _on_notification(self, name: str, method: str, params: JsonObj | None) -> None:
-        task = asyncio.create_task(self._apply_notification(name, method, params))
+        task = asyncio.create_task(self._apply_notification(name, method))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _apply_notification(self, name: str, method: str, params: JsonObj | None) -> None:
+    async def _apply_notification(self, name: str, method: str) -> None:
+        """Re-list what a list-changed notification (or a restart) made stale."""
         stale = STALE_AFTER.get(method)
         if stale is not None:
             await self._refresh(name, stale)
             log.info("upstream_lists_refreshed", upstream=name, cause=method, tools=len(self._catalog.tools))
-        for listener in list(self._listeners):
-            try:
-                await listener(name, method, params)
-            except Exception as exc:
-                log.warning("upstream_listener_failed", upstream=name, method=method, error=repr(exc))
 
 
 def _anonymous(reply: JsonObj) -> JsonObj:
