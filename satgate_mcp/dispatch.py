@@ -78,6 +78,30 @@ class Policy(Protocol):
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj: ...
 
 
+class UnmeteredPolicy:
+    """The policy of a gateway without limits or budgets: admits everything, settles nothing.
+
+    It has no budgets to report or delegate, so those methods are not found, as on a gateway
+    that does not offer them.
+    """
+
+    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
+                    request_id: RequestId, params: JsonObj | None) -> Any:
+        return None
+
+    async def settle(self, admission: Any, *, ran: bool) -> None:
+        return None
+
+    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
+        return await call()
+
+    async def budget_status(self, identity: Identity) -> JsonObj:
+        raise method_not_found("satgate/budget")
+
+    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
+        raise method_not_found("satgate/delegate")
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """One request as a handler sees it: what was asked, by whom, in which session."""
@@ -181,7 +205,7 @@ async def _already_initialized(call: Call) -> JsonObj:
 
 
 class Dispatcher:
-    def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy | None = None,
+    def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._pool = pool
         self._policy = policy
@@ -268,37 +292,30 @@ class Dispatcher:
                 raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
                                    {"error": f"{kind}_not_allowed", kind: name[:200]},
                                    code=jsonrpc.TOOL_NOT_ALLOWED)
-            admission = None
-            if self._policy is not None:
-                admission = await self._policy.admit(call.identity, method=method, tool=None,
-                                                     session_id=call.session_id, request_id=call.request.id,
-                                                     params=params)
+            admission = await self._policy.admit(call.identity, method=method, tool=None, session_id=call.session_id,
+                                                 request_id=call.request.id, params=params)
             try:
                 reply = await operation(params, on_progress=call.on_progress)
             finally:
-                if self._policy is not None and admission is not None:
-                    await self._policy.settle(admission, ran=True)
+                await self._policy.settle(admission, ran=True)
             return visible_listing(call.identity, method, reply)
 
         return forward
 
-    async def _admitted(self, call: Call) -> Policy:
+    async def _admit_and_settle(self, call: Call) -> None:
         """Budget methods count against the rate limit like anything else the policy answers."""
-        if self._policy is None:
-            raise method_not_found(call.request.method)
         admission = await self._policy.admit(call.identity, method=call.request.method, tool=None,
                                              session_id=call.session_id, request_id=call.request.id,
                                              params=call.params)
         await self._policy.settle(admission, ran=True)
-        return self._policy
 
     async def _budget(self, call: Call) -> JsonObj:
-        policy = await self._admitted(call)
-        return jsonrpc.result_response(None, await policy.budget_status(call.identity))
+        await self._admit_and_settle(call)
+        return jsonrpc.result_response(None, await self._policy.budget_status(call.identity))
 
     async def _delegate(self, call: Call) -> JsonObj:
-        policy = await self._admitted(call)
-        return jsonrpc.result_response(None, await policy.delegate(call.identity, call.params))
+        await self._admit_and_settle(call)
+        return jsonrpc.result_response(None, await self._policy.delegate(call.identity, call.params))
 
     async def _call_tool(self, call: Call) -> JsonObj:
         params = call.params or {}
@@ -314,18 +331,12 @@ class Dispatcher:
         upstream = self._pool.owner_of_tool(name)
         if upstream is None:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
-        admission = None
-        if self._policy is not None:
-            admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
-                                                 request_id=call.request.id, params=params)
+        admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
+                                             request_id=call.request.id, params=params)
         started = self._clock()
         outcome = "error"
         try:
-            if self._policy is not None and admission is not None:
-                reply = await self._policy.run(
-                    admission, lambda: self._pool.call_tool(params, on_progress=on_progress))
-            else:
-                reply = await self._pool.call_tool(params, on_progress=on_progress)
+            reply = await self._policy.run(admission, lambda: self._pool.call_tool(params, on_progress=on_progress))
             outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")
                                                         else "ok")
             return reply

@@ -12,9 +12,10 @@ from typing import Any
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.dispatch import UnmeteredPolicy
 from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
-from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
@@ -96,15 +97,11 @@ class FakePool:
         return result
 
 
-class AllowAllPolicy:
-    """Admits everything and records what it settled."""
+class AllowAllPolicy(UnmeteredPolicy):
+    """Admits everything, records what it settled, and reports an unlimited budget."""
 
     def __init__(self) -> None:
         self.settled: list[bool] = []
-
-    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
-                    request_id: RequestId, params: JsonObj | None) -> Any:
-        return (identity.token_id, tool)
 
     async def settle(self, admission: Any, *, ran: bool) -> None:
         self.settled.append(ran)

@@ -11,6 +11,8 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.dispatch import (
     TOOLS_PAGE_SIZE,
     Dispatcher,
+    Policy,
+    UnmeteredPolicy,
     decode_cursor,
     encode_cursor,
     page,
@@ -42,9 +44,11 @@ class ScriptedPool(FakePool):
         return self.reply
 
 
-def make_dispatcher(pool: FakePool, policy: AllowAllPolicy | None = None
+def make_dispatcher(pool: FakePool, policy: Policy | None = None
                     ) -> tuple[Dispatcher, RecordingPublisher, Metrics]:
+    """No policy: the unmetered one, as a gateway without limits or budgets has."""
     publisher, metrics = RecordingPublisher(), Metrics()
+    policy = UnmeteredPolicy() if policy is None else policy
     return Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy), publisher, metrics
 
 
@@ -125,6 +129,7 @@ def test_initialize_result_reflects_the_pool() -> None:
         pytest.param("server/discover", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="unknown-method"),
         pytest.param("initialize", jsonrpc.INVALID_REQUEST, "already_initialized", id="second-initialize"),
         pytest.param("satgate/budget", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="budget-without-policy"),
+        pytest.param("satgate/delegate", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="delegate-without-policy"),
     ],
 )
 async def test_methods_the_gateway_refuses(method: str, code: int, error: str) -> None:
