@@ -21,12 +21,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
-from satgate_mcp.upstream.base import (
-    NotificationCallback,
-    ProgressCallback,
-    initialize_timeout,
-    strip_client_credentials,
-)
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
@@ -129,7 +124,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         budget = self._spec.timeout if timeout is None else timeout
         self._check_open()
         upstream_id = next(self._ids)
-        params, route = self._inbox.open_route(strip_client_credentials(params), on_progress)
+        params, route = self._inbox.open_route(params, on_progress)
         message = jsonrpc.request_message(upstream_id, method, params)
         sent = False
         try:
@@ -163,7 +158,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
     async def notify(self, method: str, params: JsonObj | None) -> None:
         self._check_open()
         await self._ensure_ready()
-        message = jsonrpc.notification_message(method, strip_client_credentials(params))
+        message = jsonrpc.notification_message(method, params)
         stale = self._session_id
         if await self._post_message(message) == 404 and stale is not None:
             await self._renew(stale)

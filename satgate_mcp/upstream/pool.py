@@ -20,7 +20,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import ProgressCallback, Upstream, strip_client_credentials
+from satgate_mcp.upstream.base import ProgressCallback, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, LISTINGS, STALE_AFTER, Catalog, Kind
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -129,7 +129,7 @@ class UpstreamPool:
         if owner is None:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": str(name)[:200]})
         upstream, original = owner
-        forwarded = strip_client_credentials({**params, "name": original})
+        forwarded = {**params, "name": original}
         return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
 
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
@@ -200,7 +200,6 @@ class UpstreamPool:
         """Ask each candidate in turn; the first success wins, else the last answer or failure stands."""
         if not candidates:
             raise UnknownTarget(f"No upstream offers {target}", {"error": "unknown_target", "method": method})
-        params = strip_client_credentials(params)
         reply: JsonObj | None = None
         failure: GatewayError | None = None
         for name in candidates:

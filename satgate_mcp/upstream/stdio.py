@@ -20,12 +20,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import (
-    NotificationCallback,
-    ProgressCallback,
-    initialize_timeout,
-    strip_client_credentials,
-)
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
@@ -87,11 +82,11 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
     ) -> JsonObj:
         budget = self._spec.timeout if timeout is None else timeout
         await self._await_ready(budget)
-        return await self._roundtrip(method, strip_client_credentials(params), budget, on_progress)
+        return await self._roundtrip(method, params, budget, on_progress)
 
     async def notify(self, method: str, params: JsonObj | None) -> None:
         await self._await_ready(self._spec.timeout)
-        await self._write(jsonrpc.notification_message(method, strip_client_credentials(params)))
+        await self._write(jsonrpc.notification_message(method, params))
 
     async def close(self) -> None:
         if not self._begin_close():
