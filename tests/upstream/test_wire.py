@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.upstream.base import initialize_timeout
 from satgate_mcp.upstream.http import request_headers, status_problem
@@ -19,6 +19,7 @@ from satgate_mcp.upstream.wire import (
     check_initialize_result,
     child_env,
     describe_exit,
+    initialize_params,
     restart_plan,
     rewrite_progress_token,
 )
@@ -176,3 +177,7 @@ def test_http_statuses_explain_themselves(status: int, had_session: bool, text: 
 )
 def test_the_handshake_timeout_is_never_shorter_than_a_cold_start(call_timeout: float, handshake: float) -> None:
     assert initialize_timeout(call_timeout) == handshake
+
+
+def test_the_gateway_introduces_itself_upstream_by_its_own_name_and_version() -> None:
+    assert initialize_params()["clientInfo"] == {"name": SERVER_NAME, "version": __version__}
