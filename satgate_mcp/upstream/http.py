@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
@@ -113,15 +113,8 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             self._http = aiohttp.ClientSession(timeout=timeout)
         self._reconnect()
 
-    async def request(
-        self,
-        method: str,
-        params: JsonObj | None,
-        *,
-        on_progress: ProgressCallback | None = None,
-        timeout: float | None = None,
-    ) -> JsonObj:
-        budget = self._spec.timeout if timeout is None else timeout
+    async def _request(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> JsonObj:
         self._check_open()
         upstream_id = next(self._ids)
         params, route = self._inbox.open_route(params, on_progress)
@@ -142,12 +135,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             if not sent or not self._ready.is_set():
                 raise self._unavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
                                         sent=sent) from None
-            if sent:
-                await self._send_cancel(upstream_id, f"timed out after {budget:g}s")
-            raise UpstreamTimeout(
-                f"upstream {self.name!r} did not answer {method} within {budget:g}s",
-                {"error": "upstream_timeout", "upstream": self.name},
-            ) from None
+            raise await self._timed_out(upstream_id, method, budget, sent=sent) from None
         except asyncio.CancelledError:
             if sent:
                 self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))

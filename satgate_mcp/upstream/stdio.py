@@ -15,7 +15,6 @@ import signal
 from typing import Any
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamTimeout
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -72,15 +71,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._inbox.on_notification = on_notification
         self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream-{self.name}")
 
-    async def request(
-        self,
-        method: str,
-        params: JsonObj | None,
-        *,
-        on_progress: ProgressCallback | None = None,
-        timeout: float | None = None,
-    ) -> JsonObj:
-        budget = self._spec.timeout if timeout is None else timeout
+    async def _request(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> JsonObj:
         await self._await_ready(budget)
         return await self._roundtrip(method, params, budget, on_progress)
 
@@ -232,12 +224,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
                 await self._inbox.close_route(route, drain=True)
             return answer
         except TimeoutError:
-            if sent:
-                await self._send_cancel(upstream_id, f"timed out after {timeout:g}s")
-            raise UpstreamTimeout(
-                f"upstream {self.name!r} did not answer {method} within {timeout:g}s",
-                {"error": "upstream_timeout", "upstream": self.name},
-            ) from None
+            raise await self._timed_out(upstream_id, method, timeout, sent=sent) from None
         except asyncio.CancelledError:
             if sent and (reply.cancelled() or not reply.done()):  # awaiting it cancelled it
                 self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))
