@@ -12,6 +12,7 @@ import base64
 import binascii
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -23,18 +24,14 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
-#: Methods forwarded to the pool as they are.
-FORWARDED = frozenset({
-    "resources/list", "resources/templates/list", "resources/read", "resources/subscribe",
-    "resources/unsubscribe", "prompts/list", "prompts/get", "completion/complete",
-})
-#: Upstream listings filtered by the token's caveats: method -> (result key, item key naming it, kind).
-FILTERED_LISTS: dict[str, tuple[str, str, str]] = {
-    "resources/list": ("resources", "uri", "resource"),
-    "resources/templates/list": ("resourceTemplates", "uriTemplate", "resource"),
-    "prompts/list": ("prompts", "name", "prompt"),
+#: Upstream listings filtered by the token's caveats: method -> (what the pool lists, caveat kind).
+FILTERED_LISTS: dict[str, tuple[Kind, str]] = {
+    "resources/list": ("resources", "resource"),
+    "resources/templates/list": ("templates", "resource"),
+    "prompts/list": ("prompts", "prompt"),
 }
 RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 
@@ -42,16 +39,32 @@ log = structlog.get_logger("satgate_mcp.dispatch")
 
 
 class Pool(Protocol):
+    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it."""
+
     def readiness(self) -> dict[str, bool]: ...
     def capabilities(self) -> JsonObj: ...
     def tools(self) -> list[JsonObj]: ...
     @property
     def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
-    async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
-                   ) -> JsonObj: ...
+    async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
+    async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                            ) -> JsonObj: ...
+    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
+    async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                          ) -> JsonObj: ...
+    async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
+    async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
+    async def listing(self, kind: Kind) -> JsonObj:
+        """The list result (``{"resources": [...]}``): one page, merged across upstreams."""
+        ...
 
 
+class Operation(Protocol):
+    """One of the pool's forwarding operations: the upstream's reply message to the client's params."""
+
+    def __call__(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                 ) -> Awaitable[JsonObj]: ...
 
 
 class Policy(Protocol):
@@ -63,6 +76,57 @@ class Policy(Protocol):
         ...
     async def budget_status(self, identity: Identity) -> JsonObj: ...
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj: ...
+
+
+class UnmeteredPolicy:
+    """The policy of a gateway without limits or budgets: admits everything, settles nothing.
+
+    It has no budgets to report or delegate, so those methods are not found, as on a gateway
+    that does not offer them.
+    """
+
+    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
+                    request_id: RequestId, params: JsonObj | None) -> Any:
+        return None
+
+    async def settle(self, admission: Any, *, ran: bool) -> None:
+        return None
+
+    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
+        return await call()
+
+    async def budget_status(self, identity: Identity) -> JsonObj:
+        raise method_not_found("satgate/budget")
+
+    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
+        raise method_not_found("satgate/delegate")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request as a handler sees it: what was asked, by whom, in which session."""
+
+    request: jsonrpc.Request
+    identity: Identity
+    session_id: str
+    on_progress: ProgressCallback | None
+
+    @property
+    def params(self) -> JsonObj | None:
+        return self.request.params
+
+
+#: A method's handler: the reply message (any id; the dispatcher puts the client's on it).
+Handler = Callable[[Call], Awaitable[JsonObj]]
+
+
+def method_not_found(method: str) -> GatewayError:
+    return GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
+                        code=jsonrpc.METHOD_NOT_FOUND)
+
+
+def invalid_cursor() -> GatewayError:
+    return GatewayError("Invalid cursor", {"error": "invalid_cursor"}, code=jsonrpc.INVALID_PARAMS)
 
 
 def encode_cursor(offset: int) -> str:
@@ -79,7 +143,7 @@ def decode_cursor(cursor: object) -> int:
             return int(text[2:])
     except (ValueError, binascii.Error, UnicodeDecodeError):
         pass
-    raise GatewayError("Invalid cursor", {"error": "invalid_cursor"}, code=jsonrpc.INVALID_PARAMS)
+    raise invalid_cursor()
 
 
 def page(items: list[JsonObj], cursor: object, size: int = TOOLS_PAGE_SIZE) -> tuple[list[JsonObj], str | None]:
@@ -120,7 +184,8 @@ def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
     spec = FILTERED_LISTS.get(method)
     if spec is None:
         return reply
-    key, item_key, kind = spec
+    listed, kind = spec
+    key, item_key = LISTINGS[listed].key, LISTINGS[listed].names_by
     if not (identity.prompt_filters if kind == "prompt" else identity.resource_filters):
         return reply
     result = reply.get("result")
@@ -131,14 +196,41 @@ def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
     return {**reply, "result": {**result, key: items}}
 
 
+async def _empty_result(call: Call) -> JsonObj:
+    return jsonrpc.result_response(None, {})
+
+
+async def _already_initialized(call: Call) -> JsonObj:
+    raise GatewayError("Session already initialized", {"error": "already_initialized"}, code=jsonrpc.INVALID_REQUEST)
+
+
 class Dispatcher:
-    def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy | None = None,
+    def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._pool = pool
         self._policy = policy
         self._publisher = publisher
         self._metrics = metrics
         self._clock = clock
+        forward = self._forwarder
+        #: method -> handler; anything else is method-not-found.
+        self._routes: dict[str, Handler] = {
+            "ping": _empty_result,
+            "logging/setLevel": _empty_result,
+            "initialize": _already_initialized,
+            "tools/list": self._list_tools,
+            "tools/call": self._call_tool,
+            "resources/list": forward(self._lister("resources")),
+            "resources/templates/list": forward(self._lister("templates")),
+            "prompts/list": forward(self._lister("prompts")),
+            "resources/read": forward(pool.read_resource),
+            "resources/subscribe": forward(pool.subscribe),
+            "resources/unsubscribe": forward(pool.unsubscribe),
+            "prompts/get": forward(pool.get_prompt),
+            "completion/complete": forward(pool.complete),
+            "satgate/budget": self._budget,
+            "satgate/delegate": self._delegate,
+        }
 
     @property
     def tools_version(self) -> int:
@@ -156,7 +248,10 @@ class Dispatcher:
                      on_progress: ProgressCallback | None = None) -> JsonObj:
         """The reply message for one request, always with the client's id; never raises GatewayError."""
         try:
-            reply = await self._route(request, identity, session_id, on_progress)
+            handler = self._routes.get(request.method)
+            if handler is None:
+                raise method_not_found(request.method)
+            reply = await handler(Call(request, identity, session_id, on_progress))
         except GatewayError as exc:
             return jsonrpc.error_response(request.id, exc.code, exc.message, exc.data)
         except Exception:
@@ -166,67 +261,65 @@ class Dispatcher:
                                           {"error": "internal_error"})
         return jsonrpc.with_id(reply, request.id)
 
-    async def _route(self, request: jsonrpc.Request, identity: Identity, session_id: str,
-                     on_progress: ProgressCallback | None) -> JsonObj:
-        method, params = request.method, request.params
-        if method == "ping":
-            return jsonrpc.result_response(request.id, {})
-        if method == "initialize":
-            raise GatewayError("Session already initialized", {"error": "already_initialized"},
-                               code=jsonrpc.INVALID_REQUEST)
-        if method == "tools/list":
-            visible = [t for t in self._pool.tools() if identity.allows_tool(str(t.get("name", "")))]
-            items, next_cursor = page(visible, (params or {}).get("cursor"))
-            result: JsonObj = {"tools": items}
-            if next_cursor:
-                result["nextCursor"] = next_cursor
-            return jsonrpc.result_response(request.id, result)
-        if method == "tools/call":
-            return await self._call_tool(request, identity, session_id, on_progress)
-        if method == "logging/setLevel":
-            return jsonrpc.result_response(request.id, {})
-        if method in FORWARDED:
-            return await self._forward(request, identity, session_id, on_progress)
-        if method in ("satgate/budget", "satgate/delegate"):
-            return await self._satgate_method(request, identity, session_id)
-        raise GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
-                           code=jsonrpc.METHOD_NOT_FOUND)
+    async def _list_tools(self, call: Call) -> JsonObj:
+        """Answered here, from the pool's merged tools, in our own pages."""
+        visible = [t for t in self._pool.tools() if call.identity.allows_tool(str(t.get("name", "")))]
+        items, next_cursor = page(visible, (call.params or {}).get("cursor"))
+        result: JsonObj = {"tools": items}
+        if next_cursor:
+            result["nextCursor"] = next_cursor
+        return jsonrpc.result_response(None, result)
 
-    async def _forward(self, request: jsonrpc.Request, identity: Identity, session_id: str,
-                       on_progress: ProgressCallback | None) -> JsonObj:
+    def _lister(self, kind: Kind) -> Operation:
+        """A merged listing as an operation: it comes in one page, so any cursor is one we never gave."""
+
+        async def listing(params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+            if (params or {}).get("cursor") is not None:
+                raise invalid_cursor()
+            return jsonrpc.result_response(None, await self._pool.listing(kind))
+
+        return listing
+
+    def _forwarder(self, operation: Operation) -> Handler:
         """Resources, prompts and completions: caveats first, then the rate limit, then the upstream."""
-        method, params = request.method, request.params
-        target = named_target(method, params)
-        if target is not None and not allows(identity, *target):
-            kind, name = target
-            self._metrics.refusals.labels(reason=f"{kind}_not_allowed").inc()
-            raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
-                               {"error": f"{kind}_not_allowed", kind: name[:200]}, code=jsonrpc.TOOL_NOT_ALLOWED)
-        admission = None
-        if self._policy is not None:
-            admission = await self._policy.admit(identity, method=method, tool=None, session_id=session_id,
-                                                 request_id=request.id, params=params)
-        try:
-            reply = await self._pool.call(method, params, on_progress=on_progress)
-        finally:
-            if self._policy is not None and admission is not None:
+
+        async def forward(call: Call) -> JsonObj:
+            method, params = call.request.method, call.params
+            target = named_target(method, params)
+            if target is not None and not allows(call.identity, *target):
+                kind, name = target
+                self._metrics.refusals.labels(reason=f"{kind}_not_allowed").inc()
+                raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
+                                   {"error": f"{kind}_not_allowed", kind: name[:200]},
+                                   code=jsonrpc.TOOL_NOT_ALLOWED)
+            admission = await self._policy.admit(call.identity, method=method, tool=None, session_id=call.session_id,
+                                                 request_id=call.request.id, params=params)
+            try:
+                reply = await operation(params, on_progress=call.on_progress)
+            finally:
                 await self._policy.settle(admission, ran=True)
-        return visible_listing(identity, method, reply)
+            return visible_listing(call.identity, method, reply)
 
-    async def _satgate_method(self, request: jsonrpc.Request, identity: Identity, session_id: str) -> JsonObj:
-        if self._policy is None:
-            raise GatewayError(f"Method not found: {request.method}", {"error": "method_not_found"},
-                               code=jsonrpc.METHOD_NOT_FOUND)
-        admission = await self._policy.admit(identity, method=request.method, tool=None, session_id=session_id,
-                                             request_id=request.id, params=request.params)
+        return forward
+
+    async def _admit_and_settle(self, call: Call) -> None:
+        """Budget methods count against the rate limit like anything else the policy answers."""
+        admission = await self._policy.admit(call.identity, method=call.request.method, tool=None,
+                                             session_id=call.session_id, request_id=call.request.id,
+                                             params=call.params)
         await self._policy.settle(admission, ran=True)
-        if request.method == "satgate/budget":
-            return jsonrpc.result_response(request.id, await self._policy.budget_status(identity))
-        return jsonrpc.result_response(request.id, await self._policy.delegate(identity, request.params))
 
-    async def _call_tool(self, request: jsonrpc.Request, identity: Identity, session_id: str,
-                         on_progress: ProgressCallback | None) -> JsonObj:
-        params = request.params or {}
+    async def _budget(self, call: Call) -> JsonObj:
+        await self._admit_and_settle(call)
+        return jsonrpc.result_response(None, await self._policy.budget_status(call.identity))
+
+    async def _delegate(self, call: Call) -> JsonObj:
+        await self._admit_and_settle(call)
+        return jsonrpc.result_response(None, await self._policy.delegate(call.identity, call.params))
+
+    async def _call_tool(self, call: Call) -> JsonObj:
+        params = call.params or {}
+        identity, session_id, on_progress = call.identity, call.session_id, call.on_progress
         name = params.get("name")
         if not isinstance(name, str) or not name:
             raise GatewayError("tools/call needs a tool name", {"error": "invalid_params"},
@@ -238,18 +331,12 @@ class Dispatcher:
         upstream = self._pool.owner_of_tool(name)
         if upstream is None:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
-        admission = None
-        if self._policy is not None:
-            admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
-                                                 request_id=request.id, params=params)
+        admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
+                                             request_id=call.request.id, params=params)
         started = self._clock()
         outcome = "error"
         try:
-            if self._policy is not None and admission is not None:
-                reply = await self._policy.run(
-                    admission, lambda: self._pool.call("tools/call", params, on_progress=on_progress))
-            else:
-                reply = await self._pool.call("tools/call", params, on_progress=on_progress)
+            reply = await self._policy.run(admission, lambda: self._pool.call_tool(params, on_progress=on_progress))
             outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")
                                                         else "ok")
             return reply
@@ -268,5 +355,3 @@ class Dispatcher:
             self._metrics.upstream_latency.labels(upstream=upstream, method="tools/call").observe(elapsed)
             self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
                                     tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))
-
-

@@ -12,11 +12,13 @@ from typing import Any
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.dispatch import UnmeteredPolicy
 from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
-from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
 from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -53,6 +55,7 @@ class FakePool:
 
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj:
+        """What the fake upstream answers to one request: every pool operation records and asks this."""
         self.calls.append((method, params))
         args = (params or {}).get("arguments") or {}
         name = (params or {}).get("name")
@@ -71,16 +74,34 @@ class FakePool:
         text = str(args.get("text", name))
         return jsonrpc.result_response(0, {"content": [{"type": "text", "text": text}], "isError": False})
 
+    async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("tools/call", params, on_progress=on_progress)
 
-class AllowAllPolicy:
-    """Admits everything and records what it settled."""
+    async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/read", params, on_progress=on_progress)
+
+    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/subscribe", params, on_progress=on_progress)
+
+    async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("resources/unsubscribe", params, on_progress=on_progress)
+
+    async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("prompts/get", params, on_progress=on_progress)
+
+    async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return await self.call("completion/complete", params, on_progress=on_progress)
+
+    async def listing(self, kind: Kind) -> JsonObj:
+        result: JsonObj = (await self.call(LISTINGS[kind].method, None))["result"]
+        return result
+
+
+class AllowAllPolicy(UnmeteredPolicy):
+    """Admits everything, records what it settled, and reports an unlimited budget."""
 
     def __init__(self) -> None:
         self.settled: list[bool] = []
-
-    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
-                    request_id: RequestId, params: JsonObj | None) -> Any:
-        return (identity.token_id, tool)
 
     async def settle(self, admission: Any, *, ran: bool) -> None:
         self.settled.append(ran)

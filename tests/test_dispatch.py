@@ -11,6 +11,8 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.dispatch import (
     TOOLS_PAGE_SIZE,
     Dispatcher,
+    Policy,
+    UnmeteredPolicy,
     decode_cursor,
     encode_cursor,
     page,
@@ -42,9 +44,11 @@ class ScriptedPool(FakePool):
         return self.reply
 
 
-def make_dispatcher(pool: FakePool, policy: AllowAllPolicy | None = None
+def make_dispatcher(pool: FakePool, policy: Policy | None = None
                     ) -> tuple[Dispatcher, RecordingPublisher, Metrics]:
+    """No policy: the unmetered one, as a gateway without limits or budgets has."""
     publisher, metrics = RecordingPublisher(), Metrics()
+    policy = UnmeteredPolicy() if policy is None else policy
     return Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy), publisher, metrics
 
 
@@ -125,6 +129,7 @@ def test_initialize_result_reflects_the_pool() -> None:
         pytest.param("server/discover", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="unknown-method"),
         pytest.param("initialize", jsonrpc.INVALID_REQUEST, "already_initialized", id="second-initialize"),
         pytest.param("satgate/budget", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="budget-without-policy"),
+        pytest.param("satgate/delegate", jsonrpc.METHOD_NOT_FOUND, "method_not_found", id="delegate-without-policy"),
     ],
 )
 async def test_methods_the_gateway_refuses(method: str, code: int, error: str) -> None:
@@ -141,14 +146,49 @@ async def test_an_unknown_method_name_is_echoed_bounded() -> None:
     assert len(reply["error"]["data"]["method"]) == 100
 
 
-@pytest.mark.parametrize("method", ["resources/list", "resources/read", "prompts/list", "prompts/get",
-                                    "completion/complete"])
-async def test_resources_and_prompts_are_forwarded_and_answered_with_the_clients_id(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "forwarded"),
+    [
+        pytest.param("resources/read", {"uri": "file:///x"}, id="read"),
+        pytest.param("resources/subscribe", {"uri": "file:///x"}, id="subscribe"),
+        pytest.param("resources/unsubscribe", {"uri": "file:///x"}, id="unsubscribe"),
+        pytest.param("prompts/get", {"uri": "file:///x"}, id="prompt"),
+        pytest.param("completion/complete", {"uri": "file:///x"}, id="complete"),
+        # A merged list is asked for by its kind: the pool has nothing to read in the client's params.
+        pytest.param("resources/list", None, id="resources-list"),
+        pytest.param("resources/templates/list", None, id="templates-list"),
+        pytest.param("prompts/list", None, id="prompts-list"),
+    ],
+)
+async def test_resources_and_prompts_are_forwarded_and_answered_with_the_clients_id(
+    method: str, forwarded: JsonObj | None
+) -> None:
     pool = ScriptedPool()
     dispatcher, _, _ = make_dispatcher(pool)
     reply = await handle(dispatcher, method, {"uri": "file:///x"}, request_id="mine")
     assert reply == {"jsonrpc": "2.0", "id": "mine", "result": {"ok": True}}
-    assert pool.calls == [(method, {"uri": "file:///x"})]
+    assert pool.calls == [(method, forwarded)]
+
+
+@pytest.mark.parametrize("method", ["resources/list", "resources/templates/list", "prompts/list"])
+async def test_a_merged_list_comes_in_one_page_so_any_cursor_is_invalid(method: str) -> None:
+    pool = ScriptedPool()
+    dispatcher, _, _ = make_dispatcher(pool)
+    reply = await handle(dispatcher, method, {"cursor": encode_cursor(0)}, request_id=4)
+    assert (reply["id"], reply["error"]["code"], reply["error"]["data"]) == (
+        4, jsonrpc.INVALID_PARAMS, {"error": "invalid_cursor"})
+    assert pool.calls == []
+
+
+@pytest.mark.parametrize(
+    ("method", "result"),
+    [pytest.param("ping", {}, id="ping"), pytest.param("logging/setLevel", {}, id="log-level")],
+)
+async def test_what_the_gateway_answers_itself_never_reaches_the_pool(method: str, result: JsonObj) -> None:
+    pool = ScriptedPool()
+    dispatcher, _, _ = make_dispatcher(pool)
+    assert (await handle(dispatcher, method, {"level": "debug"}, request_id=2))["result"] == result
+    assert pool.calls == []
 
 
 async def test_tools_list_shows_only_the_tools_the_token_allows() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.dispatch import Dispatcher, named_target, visible_listing
+from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy, named_target, visible_listing
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -46,8 +46,9 @@ class ResourcePool(FakePool):
         return jsonrpc.result_response(None, LISTINGS.get(method, {"ok": True}))
 
 
-def make(policy: AllowAllPolicy | CallPolicy | None = None) -> tuple[Dispatcher, ResourcePool, Metrics]:
+def make(policy: Policy | None = None) -> tuple[Dispatcher, ResourcePool, Metrics]:
     pool, metrics = ResourcePool(), Metrics()
+    policy = UnmeteredPolicy() if policy is None else policy
     return Dispatcher(pool, publisher=RecordingPublisher(), metrics=metrics, policy=policy), pool, metrics
 
 

@@ -72,19 +72,6 @@ class Upstream(Protocol):
         ...
 
 
-def strip_client_credentials(params: JsonObj | None) -> JsonObj | None:
-    """Drop ``_meta.token`` so a client's bearer token never reaches an upstream."""
-    if not params or not isinstance(params.get("_meta"), dict) or "token" not in params["_meta"]:
-        return params
-    meta = {k: v for k, v in params["_meta"].items() if k != "token"}
-    out = dict(params)
-    if meta:
-        out["_meta"] = meta
-    else:
-        del out["_meta"]
-    return out
-
-
 async def event_within(event: asyncio.Event, timeout: float) -> bool:
     """Whether ``event`` is set within ``timeout`` seconds: readiness waits without raising."""
     if event.is_set():

@@ -16,19 +16,42 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from satgate_mcp import events, jsonrpc
-from satgate_mcp.errors import UpstreamUnavailable
+from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import event_within
+from satgate_mcp.upstream.base import ProgressCallback, event_within
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import RestartPolicy, cancelled_params, clip, split_batch
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
 
 
+def strip_client_credentials(params: JsonObj | None) -> JsonObj | None:
+    """Drop ``_meta.token`` so a client's bearer token never reaches an upstream."""
+    if not params or not isinstance(params.get("_meta"), dict) or "token" not in params["_meta"]:
+        return params
+    meta = {k: v for k, v in params["_meta"].items() if k != "token"}
+    out = dict(params)
+    if meta:
+        out["_meta"] = meta
+    else:
+        del out["_meta"]
+    return out
+
+
 def encode_message(message: JsonObj) -> bytes:
+    """The bytes of one message to an upstream, without the client's credentials.
+
+    Every request, notification and answer the gateway sends upstream, on either transport, is
+    encoded here, so this is where the no-token-passthrough rule is kept, and nothing bypasses it.
+    """
+    params = message.get("params")
+    if isinstance(params, dict):
+        stripped = strip_client_credentials(params)
+        if stripped is not params:
+            message = {**message, "params": stripped}
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -70,6 +93,21 @@ class UpstreamConnection(Generic[SpecT]):
     async def wait_ready(self, timeout: float) -> bool:
         return await event_within(self._ready, timeout)
 
+    async def request(
+        self,
+        method: str,
+        params: JsonObj | None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> JsonObj:
+        """``Upstream.request``: within the caller's timeout, else the one configured for this upstream."""
+        return await self._request(method, params, self._spec.timeout if timeout is None else timeout, on_progress)
+
+    async def _request(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> JsonObj:
+        raise NotImplementedError
+
     def _begin_close(self) -> bool:
         """Mark the connection closing and not ready; False when it already was, so close() runs once."""
         if self._closing.is_set():
@@ -88,6 +126,13 @@ class UpstreamConnection(Generic[SpecT]):
         """``sent=False`` only where the request certainly never left: that alone earns a refund."""
         return UpstreamUnavailable(message, {"error": "upstream_unavailable", "upstream": self.name, **data},
                                    sent=sent)
+
+    async def _timed_out(self, upstream_id: RequestId, method: str, budget: float, *, sent: bool) -> UpstreamTimeout:
+        """The caller's error for a request that ran out of time, after telling the upstream to stop it."""
+        if sent:
+            await self._send_cancel(upstream_id, f"timed out after {budget:g}s")
+        return UpstreamTimeout(f"upstream {self.name!r} did not answer {method} within {budget:g}s",
+                               {"error": "upstream_timeout", "upstream": self.name})
 
     def _count_restart(self, **fields: Any) -> None:
         self._metrics.upstream_restarts.labels(upstream=self.name).inc()

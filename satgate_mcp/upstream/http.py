@@ -16,17 +16,12 @@ from typing import Any
 import aiohttp
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
-from satgate_mcp.upstream.base import (
-    NotificationCallback,
-    ProgressCallback,
-    initialize_timeout,
-    strip_client_credentials,
-)
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
@@ -118,18 +113,11 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             self._http = aiohttp.ClientSession(timeout=timeout)
         self._reconnect()
 
-    async def request(
-        self,
-        method: str,
-        params: JsonObj | None,
-        *,
-        on_progress: ProgressCallback | None = None,
-        timeout: float | None = None,
-    ) -> JsonObj:
-        budget = self._spec.timeout if timeout is None else timeout
+    async def _request(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> JsonObj:
         self._check_open()
         upstream_id = next(self._ids)
-        params, route = self._inbox.open_route(strip_client_credentials(params), on_progress)
+        params, route = self._inbox.open_route(params, on_progress)
         message = jsonrpc.request_message(upstream_id, method, params)
         sent = False
         try:
@@ -147,12 +135,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             if not sent or not self._ready.is_set():
                 raise self._unavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
                                         sent=sent) from None
-            if sent:
-                await self._send_cancel(upstream_id, f"timed out after {budget:g}s")
-            raise UpstreamTimeout(
-                f"upstream {self.name!r} did not answer {method} within {budget:g}s",
-                {"error": "upstream_timeout", "upstream": self.name},
-            ) from None
+            raise await self._timed_out(upstream_id, method, budget, sent=sent) from None
         except asyncio.CancelledError:
             if sent:
                 self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))
@@ -163,7 +146,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
     async def notify(self, method: str, params: JsonObj | None) -> None:
         self._check_open()
         await self._ensure_ready()
-        message = jsonrpc.notification_message(method, strip_client_credentials(params))
+        message = jsonrpc.notification_message(method, params)
         stale = self._session_id
         if await self._post_message(message) == 404 and stale is not None:
             await self._renew(stale)

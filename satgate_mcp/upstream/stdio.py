@@ -15,17 +15,11 @@ import signal
 from typing import Any
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamTimeout
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import (
-    NotificationCallback,
-    ProgressCallback,
-    initialize_timeout,
-    strip_client_credentials,
-)
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
@@ -77,21 +71,14 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._inbox.on_notification = on_notification
         self._supervisor = asyncio.create_task(self._supervise(), name=f"upstream-{self.name}")
 
-    async def request(
-        self,
-        method: str,
-        params: JsonObj | None,
-        *,
-        on_progress: ProgressCallback | None = None,
-        timeout: float | None = None,
-    ) -> JsonObj:
-        budget = self._spec.timeout if timeout is None else timeout
+    async def _request(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> JsonObj:
         await self._await_ready(budget)
-        return await self._roundtrip(method, strip_client_credentials(params), budget, on_progress)
+        return await self._roundtrip(method, params, budget, on_progress)
 
     async def notify(self, method: str, params: JsonObj | None) -> None:
         await self._await_ready(self._spec.timeout)
-        await self._write(jsonrpc.notification_message(method, strip_client_credentials(params)))
+        await self._write(jsonrpc.notification_message(method, params))
 
     async def close(self) -> None:
         if not self._begin_close():
@@ -237,12 +224,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
                 await self._inbox.close_route(route, drain=True)
             return answer
         except TimeoutError:
-            if sent:
-                await self._send_cancel(upstream_id, f"timed out after {timeout:g}s")
-            raise UpstreamTimeout(
-                f"upstream {self.name!r} did not answer {method} within {timeout:g}s",
-                {"error": "upstream_timeout", "upstream": self.name},
-            ) from None
+            raise await self._timed_out(upstream_id, method, timeout, sent=sent) from None
         except asyncio.CancelledError:
             if sent and (reply.cancelled() or not reply.done()):  # awaiting it cancelled it
                 self._inbox.spawn(self._send_cancel(upstream_id, "cancelled by the client"))

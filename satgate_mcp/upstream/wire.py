@@ -12,12 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION
-
-CLIENT_NAME = "satgate-mcp"
-CLIENT_VERSION = "0.1.0"
 
 #: Revisions an upstream may answer ``initialize`` with; anything else is refused.
 KNOWN_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
@@ -32,7 +29,7 @@ def initialize_params() -> JsonObj:
     return {
         "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
         "capabilities": {},
-        "clientInfo": {"name": CLIENT_NAME, "version": CLIENT_VERSION},
+        "clientInfo": {"name": SERVER_NAME, "version": __version__},
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -18,7 +19,7 @@ from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.pool import UpstreamPool
 from tests.conftest import HttpUpstreamProcess, pid_alive, upstream_command
 
-StartPool = Callable[..., Awaitable[UpstreamPool]]
+StartPool = Callable[..., Awaitable["ObservedPool"]]
 Spec = StdioUpstreamSpec | HttpUpstreamSpec
 
 
@@ -27,29 +28,34 @@ def stdio(*args: str, prefix: str = "", timeout: float = 10.0) -> StdioUpstreamS
                              timeout=timeout)
 
 
-class Changes:
-    """Records upstream notifications the pool passed on (after applying them)."""
+class ObservedPool(UpstreamPool):
+    """The pool plus what these tests watch: the notifications it has applied, and its children's pids."""
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str]] = []
-        self.cond = asyncio.Condition()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied: list[tuple[str, str]] = []
+        self._cond = asyncio.Condition()
 
-    async def __call__(self, upstream: str, method: str, params: JsonObj | None) -> None:
-        async with self.cond:
-            self.seen.append((upstream, method))
-            self.cond.notify_all()
+    async def _apply_notification(self, name: str, method: str) -> None:
+        await super()._apply_notification(name, method)
+        async with self._cond:
+            self.applied.append((name, method))
+            self._cond.notify_all()
 
-    async def wait_for(self, upstream: str, method: str, count: int) -> None:
-        async with asyncio.timeout(15), self.cond:
-            await self.cond.wait_for(lambda: self.seen.count((upstream, method)) >= count)
+    async def wait_applied(self, upstream: str, method: str, count: int) -> None:
+        async with asyncio.timeout(15), self._cond:
+            await self._cond.wait_for(lambda: self.applied.count((upstream, method)) >= count)
+
+    def pids(self) -> list[int | None]:
+        return [getattr(u, "pid", None) for u in self._upstreams.values()]
 
 
 # One event loop per module, so the routing tests can share one pool of children.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-def make_pool(specs: dict[str, Spec], *, start_timeout: float = 20.0) -> UpstreamPool:
-    return UpstreamPool(specs, publisher=RecordingPublisher(), metrics=Metrics(), start_timeout=start_timeout)
+def make_pool(specs: dict[str, Spec], *, start_timeout: float = 20.0) -> ObservedPool:
+    return ObservedPool(specs, publisher=RecordingPublisher(), metrics=Metrics(), start_timeout=start_timeout)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -67,13 +73,11 @@ async def shared() -> AsyncIterator[UpstreamPool]:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def start_pool() -> AsyncIterator[StartPool]:
-    pools: list[UpstreamPool] = []
+    pools: list[ObservedPool] = []
 
-    async def start(specs: dict[str, Spec], changes: Changes | None = None) -> UpstreamPool:
+    async def start(specs: dict[str, Spec]) -> ObservedPool:
         pool = make_pool(specs)
         pools.append(pool)
-        if changes is not None:
-            pool.add_listener(changes)
         await pool.start()
         return pool
 
@@ -90,11 +94,11 @@ def text_of(reply: JsonObj) -> str:
 
 
 async def call_tool(pool: UpstreamPool, tool: str, **arguments: object) -> JsonObj:
-    return await pool.call("tools/call", {"name": tool, "arguments": arguments})
+    return await pool.call_tool({"name": tool, "arguments": arguments})
 
 
 async def test_the_tool_union_applies_prefixes_and_routes_to_the_owner(shared: UpstreamPool) -> None:
-    assert shared.all_ready
+    assert all(shared.readiness().values())
     assert shared.readiness() == {"one": True, "two": True, "big": True}
     assert {"echo", "two_echo", "whoami", "two_whoami", "big_whoami"} <= set(names(shared))
     assert shared.owner_of_tool("two_echo") == "two"
@@ -117,7 +121,7 @@ async def test_a_name_clash_without_prefixes_stops_start_with_a_clear_message() 
     message = str(caught.value)
     for part in ("'echo'", "'github'", "'jira'", "tool_prefix"):
         assert part in message
-    assert not pool.all_ready  # it stopped its children on the way out
+    assert not any(pool.readiness().values())  # it stopped its children on the way out
 
 
 async def test_every_page_of_an_upstreams_tools_is_listed(shared: UpstreamPool) -> None:
@@ -130,19 +134,17 @@ async def test_every_page_of_an_upstreams_tools_is_listed(shared: UpstreamPool) 
 async def test_list_changed_refreshes_the_union_and_a_late_clash_keeps_the_first_owner(
     start_pool: StartPool,
 ) -> None:
-    changes = Changes()
-    pool = await start_pool({"one": stdio("--name", "one"), "two": stdio("--name", "two", "--prefix", "b_")},
-                            changes)
+    pool = await start_pool({"one": stdio("--name", "one"), "two": stdio("--name", "two", "--prefix", "b_")})
 
     version = pool.tools_version
     await call_tool(pool, "b_add_tool", name="brand_new")
-    await changes.wait_for("two", "notifications/tools/list_changed", 2)
+    await pool.wait_applied("two", "notifications/tools/list_changed", 2)
     assert pool.owner_of_tool("brand_new") == "two"
     assert pool.tools_version == version + 1  # sessions that listed before now get told
 
     with structlog.testing.capture_logs() as logs:
         await call_tool(pool, "b_add_tool", name="echo")  # now both advertise "echo"
-        await changes.wait_for("two", "notifications/tools/list_changed", 3)
+        await pool.wait_applied("two", "notifications/tools/list_changed", 3)
 
     assert pool.owner_of_tool("echo") == "one"
     assert text_of(await call_tool(pool, "echo", text="first owner")) == "first owner"
@@ -155,28 +157,28 @@ async def test_prompts_resources_and_completions_are_routed_by_name_and_uri(shar
     assert caps["tools"] == {"listChanged": True}
     assert {"resources", "prompts", "completions"} <= set(caps)
 
-    prompts = (await shared.call("prompts/list", None))["result"]["prompts"]
+    prompts = (await shared.listing("prompts"))["prompts"]
     assert [p["name"] for p in prompts] == ["greet", "big_greet"]  # "greet" of "two" loses to "one"
-    got = await shared.call("prompts/get", {"name": "big_greet", "arguments": {"who": "ann"}})
+    got = await shared.get_prompt({"name": "big_greet", "arguments": {"who": "ann"}})
     assert got["result"]["messages"][0]["content"]["text"] == "big greets ann"
 
-    resources = (await shared.call("resources/list", None))["result"]["resources"]
+    resources = (await shared.listing("resources"))["resources"]
     assert [r["uri"] for r in resources] == ["memo://one/readme", "memo://two/readme", "memo://big/readme"]
-    read = await shared.call("resources/read", {"uri": "memo://two/readme"})
+    read = await shared.read_resource({"uri": "memo://two/readme"})
     assert read["result"]["contents"][0]["text"] == "hello from two: memo://two/readme"
-    templates = (await shared.call("resources/templates/list", None))["result"]["resourceTemplates"]
+    templates = (await shared.listing("templates"))["resourceTemplates"]
     assert [t["uriTemplate"] for t in templates][1:] == ["memo://two/notes/{id}", "memo://big/notes/{id}"]
-    by_template = await shared.call("resources/read", {"uri": "memo://big/notes/7"})
+    by_template = await shared.read_resource({"uri": "memo://big/notes/7"})
     assert by_template["result"]["contents"][0]["text"] == "hello from big: memo://big/notes/7"
-    assert "result" in await shared.call("resources/subscribe", {"uri": "memo://one/readme"})
+    assert "result" in await shared.subscribe({"uri": "memo://one/readme"})
 
-    done = await shared.call("completion/complete", {"ref": {"type": "ref/prompt", "name": "big_greet"},
-                                                     "argument": {"name": "who", "value": "a"}})
+    done = await shared.complete({"ref": {"type": "ref/prompt", "name": "big_greet"},
+                                  "argument": {"name": "who", "value": "a"}})
     assert done["result"]["completion"]["values"] == ["big-a"]
 
     with pytest.raises(UnknownTarget, match="prompt 'nope'"):
-        await shared.call("prompts/get", {"name": "nope"})
-    unknown = await shared.call("resources/read", {"uri": "memo://nobody/x"})
+        await shared.get_prompt({"name": "nope"})
+    unknown = await shared.read_resource({"uri": "memo://nobody/x"})
     assert "error" in unknown  # every upstream that offers resources was asked; the answer passes through
 
 
@@ -191,7 +193,7 @@ async def test_cancelling_a_pool_call_cancels_it_upstream(shared: UpstreamPool) 
         started.set()
 
     params = {"name": "slow", "arguments": {"steps": 1000, "delay": 0.05}, "_meta": {"progressToken": "p"}}
-    task = asyncio.create_task(shared.call("tools/call", params, on_progress=on_progress))
+    task = asyncio.create_task(shared.call_tool(params, on_progress=on_progress))
     await asyncio.wait_for(started.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -204,16 +206,15 @@ async def test_cancelling_a_pool_call_cancels_it_upstream(shared: UpstreamPool) 
 
 
 async def test_a_crashed_upstream_is_relisted_after_its_restart(start_pool: StartPool) -> None:
-    changes = Changes()
-    pool = await start_pool({"one": stdio("--name", "one")}, changes)
-    await changes.wait_for("one", "notifications/tools/list_changed", 1)
+    pool = await start_pool({"one": stdio("--name", "one")})
+    await pool.wait_applied("one", "notifications/tools/list_changed", 1)
     version = pool.tools_version
 
     with pytest.raises(UpstreamUnavailable, match="went away"):
         await call_tool(pool, "crash")
-    await changes.wait_for("one", "notifications/tools/list_changed", 2)
+    await pool.wait_applied("one", "notifications/tools/list_changed", 2)
 
-    assert pool.all_ready
+    assert all(pool.readiness().values())
     assert pool.tools_version == version  # the same tools came back: nobody is told to re-list
     assert "echo" in names(pool)
     assert text_of(await call_tool(pool, "whoami")) == "one"
@@ -245,7 +246,7 @@ async def test_start_returns_in_bounded_time_when_an_upstream_is_down() -> None:
 
 async def test_closing_the_pool_stops_every_child(start_pool: StartPool) -> None:
     pool = await start_pool({"one": stdio(), "two": stdio(prefix="b_")})
-    pids = [getattr(u, "pid", None) for u in pool.upstreams.values()]
+    pids = pool.pids()
 
     await pool.close()
 

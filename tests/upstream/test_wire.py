@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.upstream.base import initialize_timeout
 from satgate_mcp.upstream.http import request_headers, status_problem
-from satgate_mcp.upstream.pool import ToolClash, merge_tools, template_matches
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
     SseDecoder,
@@ -21,6 +19,7 @@ from satgate_mcp.upstream.wire import (
     check_initialize_result,
     child_env,
     describe_exit,
+    initialize_params,
     restart_plan,
     rewrite_progress_token,
 )
@@ -171,92 +170,6 @@ def test_http_statuses_explain_themselves(status: int, had_session: bool, text: 
     assert text in status_problem(status, had_session=had_session)
 
 
-def _tools(*names: str) -> list[JsonObj]:
-    return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
-
-
-@pytest.mark.parametrize(
-    ("listings", "prefixes", "previous", "owners", "clashes"),
-    [
-        pytest.param({"a": _tools("x"), "b": _tools("y")}, {}, {}, {"x": ("a", "x"), "y": ("b", "y")}, [],
-                     id="distinct"),
-        pytest.param({"a": _tools("x"), "b": _tools("x")}, {"b": "b_"}, {}, {"x": ("a", "x"), "b_x": ("b", "x")}, [],
-                     id="prefix-resolves"),
-        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {}, {"x": ("a", "x")}, [ToolClash("x", "a", "b")],
-                     id="clash-first-configured-wins"),
-        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {"x": "b"}, {"x": ("b", "x")},
-                     [ToolClash("x", "b", "a")], id="clash-previous-owner-keeps-it"),
-        pytest.param({"a": [{"name": ""}, {"nope": 1}, *_tools("x", "x")]}, {}, {}, {"x": ("a", "x")}, [],
-                     id="junk-and-duplicates-skipped"),
-    ],
-)
-def test_tool_union(listings: dict[str, list[JsonObj]], prefixes: dict[str, str], previous: dict[str, str],
-                    owners: dict[str, tuple[str, str]], clashes: list[ToolClash]) -> None:
-    index = merge_tools(["a", "b"], listings, prefixes, previous)
-    assert index.owners == owners
-    assert index.clashes == clashes
-    assert [t["name"] for t in index.tools] == list(owners)
-
-
-def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
-    message = ToolClash("search", "github", "jira").message()
-    for part in ("'search'", "'github'", "'jira'", "tool_prefix"):
-        assert part in message
-
-
-@pytest.mark.parametrize(
-    ("template", "uri", "matches"),
-    [
-        pytest.param("memo://a/notes/{id}", "memo://a/notes/7", True, id="segment"),
-        pytest.param("memo://a/notes/{id}", "memo://a/notes/7/8", False, id="segment-not-path"),
-        pytest.param("file:///{+path}", "file:///etc/hosts", True, id="reserved-expansion"),
-        pytest.param("memo://a/notes/{id}", "memo://b/notes/7", False, id="other-host"),
-        pytest.param("db://x.y/{t}", "db://xzy/1", False, id="literal-dots-escaped"),
-        pytest.param("memo://a/notes/{id}", "memo://a/notes/", True, id="segment-may-be-empty"),
-        pytest.param("memo://{a}/{b}", "memo://x/y", True, id="two-segments"),
-        pytest.param("memo://{a}/{b}", "memo://x/y/z", False, id="two-segments-not-three"),
-        pytest.param("memo://{id}", "memo://x?y=1", False, id="segment-stops-at-query"),
-        pytest.param("memo://{id}", "memo://x#f", False, id="segment-stops-at-fragment"),
-        pytest.param("memo://{+id}", "memo://x/y?z#f", True, id="reserved-crosses-everything"),
-        pytest.param("memo://{#id}", "memo://x/y", True, id="fragment-expansion-crosses-slashes"),
-        pytest.param("memo://{+id}", "memo://x\ny", False, id="reserved-stays-on-one-line-as-before"),
-        pytest.param("memo://{id}", "memo://x\ny", True, id="segment-may-hold-a-newline-as-before"),
-        pytest.param("memo://{a}-{b}", "memo://x-y-z", True, id="ambiguous-split"),
-        pytest.param("memo://{a}ab", "memo://abab", True, id="literal-after-variable-repeats"),
-        pytest.param("memo://{a}{b}/x", "memo://q/x", True, id="adjacent-variables"),
-        pytest.param("memo://{+a}/end", "memo://1/2/3/end", True, id="reserved-then-literal"),
-        pytest.param("caf\u00e9://{n}", "caf\u00e9://\u00fc\u00df", True, id="non-ascii"),
-        pytest.param("memo://{id", "memo://{id", True, id="unclosed-brace-is-literal"),
-        pytest.param("memo://{id", "memo://x", False, id="unclosed-brace-is-not-a-variable"),
-        pytest.param("", "", True, id="empty-template-empty-uri"),
-        pytest.param("memo://x", "memo://xy", False, id="literal-is-anchored-at-the-end"),
-        pytest.param("memo://x", "amemo://x", False, id="literal-is-anchored-at-the-start"),
-    ],
-)
-def test_resource_templates_match_uris(template: str, uri: str, matches: bool) -> None:
-    assert template_matches(template, uri) is matches
-
-
-#: The body limit: the largest URI a client can send.
-HUGE = 4 * 1024 * 1024
-
-
-@pytest.mark.parametrize(
-    ("template", "uri", "matches"),
-    [
-        pytest.param("memo://{a}-{b}-{c}/z", "memo://" + "-" * HUGE, False, id="segments-over-one-long-run"),
-        pytest.param("memo://{+a}{+b}{+c}x", "memo://" + "a" * HUGE, False, id="stacked-reserved-expansions"),
-        pytest.param("memo://{a}{+b}/{c}y", "memo://" + "/" * HUGE, False, id="many-slashes"),
-        pytest.param("memo://{+a}/{b}", "memo://" + "x/" * (HUGE // 2) + "last", True, id="long-match"),
-    ],
-)
-def test_attack_a_4_mib_crafted_uri_is_matched_or_refused_fast(template: str, uri: str, matches: bool) -> None:
-    """The old regex took quadratic (or worse) time on these; the bound only guards against that."""
-    started = time.perf_counter()
-    assert template_matches(template, uri) is matches
-    assert time.perf_counter() - started < 5.0
-
-
 @pytest.mark.parametrize(
     ("call_timeout", "handshake"),
     [pytest.param(0.5, 10.0, id="short-call-timeout-still-lets-a-cold-child-start"),
@@ -264,3 +177,7 @@ def test_attack_a_4_mib_crafted_uri_is_matched_or_refused_fast(template: str, ur
 )
 def test_the_handshake_timeout_is_never_shorter_than_a_cold_start(call_timeout: float, handshake: float) -> None:
     assert initialize_timeout(call_timeout) == handshake
+
+
+def test_the_gateway_introduces_itself_upstream_by_its_own_name_and_version() -> None:
+    assert initialize_params()["clientInfo"] == {"name": SERVER_NAME, "version": __version__}

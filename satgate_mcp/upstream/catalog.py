@@ -1,0 +1,183 @@
+"""What the upstreams offer, merged: one tool namespace, and which upstream answers for a name or URI.
+
+No I/O: the pool fetches each upstream's listings and hands them in; the naming rules (prefixes,
+clashes, who owns a prompt or a resource) are decided here. Tool names must be unique across
+upstreams; an operator resolves a clash with a per-upstream ``tool_prefix``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.templates import template_matches
+
+#: The kinds of list an upstream may offer.
+Kind = Literal["tools", "resources", "templates", "prompts"]
+ALL_LISTS: frozenset[Kind] = frozenset({"tools", "resources", "templates", "prompts"})
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """How one kind of list is asked for and read."""
+
+    method: str
+    #: key of the items in the list result
+    key: str
+    #: server capability that offers it
+    capability: str
+    #: item field that names an item: items naming the same thing are merged into one
+    names_by: str
+
+
+LISTINGS: dict[Kind, Listing] = {
+    "tools": Listing("tools/list", "tools", "tools", "name"),
+    "resources": Listing("resources/list", "resources", "resources", "uri"),
+    "templates": Listing("resources/templates/list", "resourceTemplates", "resources", "uriTemplate"),
+    "prompts": Listing("prompts/list", "prompts", "prompts", "name"),
+}
+#: notification -> the kinds it makes stale; a relisting after a restart refreshes everything.
+STALE_AFTER: dict[str, frozenset[Kind]] = {
+    "notifications/tools/list_changed": ALL_LISTS,
+    "notifications/resources/list_changed": frozenset({"resources", "templates"}),
+    "notifications/prompts/list_changed": frozenset({"prompts"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolClash:
+    tool: str
+    kept: str
+    other: str
+
+    def message(self) -> str:
+        return (f"tool {self.tool!r} is advertised by upstreams {self.kept!r} and {self.other!r}; "
+                f"set a distinct \"tool_prefix\" on one of them in SATGATE_UPSTREAMS "
+                f"(for example \"tool_prefix\": \"{self.other}_\")")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolIndex:
+    tools: list[JsonObj]
+    #: exposed name -> (upstream, the upstream's own name for the tool)
+    owners: dict[str, tuple[str, str]]
+    clashes: list[ToolClash]
+
+
+def merge_tools(
+    order: Sequence[str],
+    listings: Mapping[str, Sequence[JsonObj]],
+    prefixes: Mapping[str, str],
+    previous: Mapping[str, str] | None = None,
+) -> ToolIndex:
+    """The union of the upstreams' tools under their exposed (prefixed) names.
+
+    On a clash the previous owner keeps the name (a list change must not move a tool under a
+    running client), else the upstream configured first does.
+    """
+    previous = previous or {}
+    candidates: dict[str, list[tuple[str, JsonObj]]] = {}
+    for upstream in order:
+        seen: set[str] = set()
+        for tool in listings.get(upstream, ()):
+            name = tool.get("name") if isinstance(tool, dict) else None
+            if not isinstance(name, str) or not name:
+                continue
+            exposed = prefixes.get(upstream, "") + name
+            if exposed not in seen:
+                seen.add(exposed)
+                candidates.setdefault(exposed, []).append((upstream, tool))
+    tools, owners, clashes = [], {}, []
+    for exposed, found in candidates.items():
+        keep = next((c for c in found if c[0] == previous.get(exposed)), found[0])
+        clashes += [ToolClash(exposed, keep[0], other[0]) for other in found if other is not keep]
+        owners[exposed] = (keep[0], str(keep[1]["name"]))
+        tools.append({**keep[1], "name": exposed})
+    return ToolIndex(tools, owners, clashes)
+
+
+def first_owner(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]], key: str) -> dict[str, str]:
+    """Value of ``key`` (a prompt name, a resource uri) -> the first upstream listing it."""
+    owners: dict[str, str] = {}
+    for upstream in order:
+        for item in listings.get(upstream, ()):
+            value = item.get(key) if isinstance(item, dict) else None
+            if isinstance(value, str):
+                owners.setdefault(value, upstream)
+    return owners
+
+
+def merge_unique(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]], key: str) -> list[JsonObj]:
+    """Every upstream's items in configuration order; of the items with the same ``key`` only the first."""
+    merged: list[JsonObj] = []
+    seen: set[str] = set()
+    for upstream in order:
+        for item in listings.get(upstream, ()):
+            marker = item.get(key)
+            if isinstance(marker, str):
+                if marker in seen:
+                    continue
+                seen.add(marker)
+            merged.append(item)
+    return merged
+
+
+class Catalog:
+    """Each upstream's last good listings and what follows from them: exposed tools and owners."""
+
+    def __init__(self, order: Sequence[str], prefixes: Mapping[str, str]) -> None:
+        self._order = list(order)
+        self._prefixes = dict(prefixes)
+        self._lists: dict[Kind, dict[str, list[JsonObj]]] = {kind: {n: [] for n in order} for kind in ALL_LISTS}
+        self._index = ToolIndex([], {}, [])
+        self._version = 0
+        self._prompt_owner: dict[str, str] = {}
+        self._resource_owner: dict[str, str] = {}
+
+    def update(self, upstream: str, kind: Kind, items: list[JsonObj]) -> None:
+        """Replace one upstream's list; owners follow on the next ``rebuild``."""
+        self._lists[kind][upstream] = items
+
+    def rebuild(self) -> list[ToolClash]:
+        """Recompute names and owners from the lists; the clashes found (the old owner kept each name)."""
+        previous = {exposed: owner[0] for exposed, owner in self._index.owners.items()}
+        before = self._index.tools
+        self._index = merge_tools(self._order, self._lists["tools"], self._prefixes, previous)
+        if self._index.tools != before:
+            self._version += 1
+        self._prompt_owner = first_owner(self._order, self._lists["prompts"], "name")
+        self._resource_owner = first_owner(self._order, self._lists["resources"], "uri")
+        return self._index.clashes
+
+    @property
+    def tools(self) -> list[JsonObj]:
+        return self._index.tools
+
+    @property
+    def version(self) -> int:
+        """Goes up whenever the union of tools changes, so sessions can tell they saw an older list."""
+        return self._version
+
+    def tool_owner(self, exposed: str) -> tuple[str, str] | None:
+        """(upstream, its own name for the tool) for an exposed tool name."""
+        return self._index.owners.get(exposed)
+
+    def prompt_owner(self, name: str) -> str | None:
+        return self._prompt_owner.get(name)
+
+    def uri_owner(self, uri: str) -> str | None:
+        """The first upstream listing the resource, else the first whose template matches it."""
+        owner = self._resource_owner.get(uri)
+        if owner is not None:
+            return owner
+        for name in self._order:
+            for template in self._lists["templates"][name]:
+                text = template.get("uriTemplate")
+                if isinstance(text, str) and (text == uri or template_matches(text, uri)):
+                    return name
+        return None
+
+    def merged(self, kind: Kind) -> list[JsonObj]:
+        return merge_unique(self._order, self._lists[kind], LISTINGS[kind].names_by)
