@@ -10,59 +10,10 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.policy.delegation import (
     ChildPlan,
     DelegationRefused,
-    effective_tools,
-    pattern_covers,
-    pattern_intersection,
     plan_child,
 )
 
 NOW = 1_700_000_000.0
-
-
-@pytest.mark.parametrize(
-    ("outer", "inner", "covers"),
-    [
-        pytest.param("*", "anything", True, id="star-covers-names"),
-        pytest.param("*", "*", True, id="star-covers-star"),
-        pytest.param("db_*", "db_read", True, id="prefix-covers-name"),
-        pytest.param("db_*", "db_r*", True, id="prefix-covers-longer-prefix"),
-        pytest.param("db_*", "d*", False, id="prefix-does-not-cover-shorter"),
-        pytest.param("db_*", "*", False, id="prefix-does-not-cover-star"),
-        pytest.param("db_read", "db_read", True, id="name-covers-itself"),
-        pytest.param("db_read", "db_read*", False, id="name-does-not-cover-prefix"),
-        pytest.param("db_read", "db_write", False, id="other-name"),
-    ],
-)
-def test_pattern_covers(outer: str, inner: str, covers: bool) -> None:
-    assert pattern_covers(outer, inner) is covers
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "expected"),
-    [
-        pytest.param("db_*", "db_read", "db_read", id="name-inside-prefix"),
-        pytest.param("db_*", "db_r*", "db_r*", id="nested-prefixes"),
-        pytest.param("a*", "b*", None, id="disjoint-prefixes"),
-        pytest.param("x", "y", None, id="different-names"),
-    ],
-)
-def test_pattern_intersection(a: str, b: str, expected: str | None) -> None:
-    assert pattern_intersection(a, b) == expected
-    assert pattern_intersection(b, a) == expected
-
-
-@pytest.mark.parametrize(
-    ("filters", "expected"),
-    [
-        pytest.param((), None, id="unrestricted"),
-        pytest.param((("a", "b*"),), ("a", "b*"), id="one-caveat"),
-        pytest.param((("db_*", "search"), ("db_read", "search", "other")), ("db_read", "search"), id="intersect"),
-        pytest.param((("a*",), ("b*",)), (), id="nothing-in-common"),
-        pytest.param((("*",), ("x*",), ("x1", "y")), ("x1",), id="three-caveats"),
-    ],
-)
-def test_effective_tools(filters: tuple[tuple[str, ...], ...], expected: tuple[str, ...] | None) -> None:
-    assert effective_tools(filters) == expected
 
 
 def parent(**kw: Any) -> Identity:
