@@ -51,7 +51,7 @@ def pattern_error(text: str, kind: PatternKind = PatternKind.TOOL) -> str:
         rule = f"letters, digits and '_.:/@-', at most {MAX_TOOL_PATTERN_CHARS} characters"
     else:
         rule = f"no commas, whitespace or control characters, at most {MAX_NAME_PATTERN_CHARS} characters"
-    return f"invalid {kind} pattern {text[:100]!r}: use a {kind} name, 'prefix*' or '*' ({rule})"
+    return f"invalid {kind} pattern {text[:100]!r}: it is not a name, 'prefix*' or '*' ({rule})"
 
 
 def check_pattern(text: str, kind: PatternKind = PatternKind.TOOL) -> str:

@@ -40,6 +40,7 @@ from pymacaroons.macaroon import MACAROON_V2
 
 from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, bearer_from_header
 from satgate_mcp.auth.revocation import RevocationStore, check_token_id, is_valid_token_id
+from satgate_mcp.patterns import PatternKind, check_pattern
 from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
 
 LOCATION = "satgate-mcp"
@@ -48,10 +49,8 @@ IDENTIFIER_VERSION = 1
 MAX_TOKEN_CHARS = 8192
 MAX_CAVEATS = 64
 MAX_CHAIN = 32
-MAX_TOOL_PATTERNS = 256
-#: Patterns in one ``resources`` or ``prompts`` caveat, and characters in one of them.
-MAX_NAME_PATTERNS = 256
-MAX_NAME_PATTERN_CHARS = 1024
+#: Patterns in one ``tools``, ``resources`` or ``prompts`` caveat (their grammar: satgate_mcp/patterns.py).
+MAX_PATTERNS = 256
 #: One caveat predicate, in bytes: a real one is a few dozen; a longer one is refused unread.
 MAX_PREDICATE_BYTES = 2048
 #: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
@@ -60,7 +59,6 @@ MAX_IDENTIFIER_BYTES = 6144
 _log = structlog.get_logger(__name__)
 
 _NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
-_TOOL_PATTERN_RE = re.compile(r"[A-Za-z0-9_.:/@-]*\*?")
 _IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
 
 
@@ -158,41 +156,16 @@ def _parse_number(text: str) -> float:
     return float(text)
 
 
-def check_tool_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
-    """Patterns for a ``tools`` caveat: names, ``prefix*`` or ``*``; ValueError otherwise."""
-    cleaned = tuple(p.strip() for p in patterns)
-    for pattern in cleaned:
-        if not pattern or not _TOOL_PATTERN_RE.fullmatch(pattern) or len(pattern) > 256:
-            raise ValueError(f"invalid tool pattern {pattern!r}: use a tool name, 'prefix*' or '*'")
-    if len(cleaned) > MAX_TOOL_PATTERNS:
-        raise ValueError(f"at most {MAX_TOOL_PATTERNS} tool patterns")
-    return cleaned
-
-
-def is_name_pattern(pattern: str) -> bool:
-    """A resource URI or prompt name, optionally ending in ``*`` (prefix): any visible characters but
-    commas (the list separator), whitespace and control characters; ``*`` only at the end."""
-    return (
-        0 < len(pattern) <= MAX_NAME_PATTERN_CHARS
-        and pattern.isprintable()
-        and "," not in pattern
-        and "*" not in pattern[:-1]
-        and not any(c.isspace() for c in pattern)
-    )
-
-
-def check_name_patterns(patterns: Iterable[str], what: str = "resource") -> tuple[str, ...]:
-    """Patterns for a ``resources`` or ``prompts`` caveat: URIs/names, ``prefix*`` or ``*``; ValueError otherwise.
+def check_patterns(patterns: Iterable[str], kind: PatternKind) -> tuple[str, ...]:
+    """Patterns for a ``tools``, ``resources`` or ``prompts`` caveat, stripped; ValueError otherwise.
 
     An empty list is allowed: such a caveat allows nothing (a delegated child of disjoint filters).
     """
     cleaned = tuple(p.strip() for p in patterns)
-    if len(cleaned) > MAX_NAME_PATTERNS:
-        raise ValueError(f"at most {MAX_NAME_PATTERNS} {what} patterns")
+    if len(cleaned) > MAX_PATTERNS:
+        raise ValueError(f"at most {MAX_PATTERNS} {kind} patterns")
     for pattern in cleaned:
-        if not is_name_pattern(pattern):
-            raise ValueError(f"invalid {what} pattern {pattern[:100]!r}: use a {what} name, 'prefix*' or '*' "
-                             f"(no commas, whitespace or control characters; at most {MAX_NAME_PATTERN_CHARS})")
+        check_pattern(pattern, kind)
     return cleaned
 
 
@@ -201,15 +174,15 @@ def _format_predicate(caveat: Caveat) -> str:
         case ExpiresCaveat(at):
             return f"expires = {_format_number(at)}"
         case ToolsCaveat(patterns):
-            return f"tools = {','.join(check_tool_patterns(patterns))}"
+            return f"tools = {','.join(check_patterns(patterns, PatternKind.TOOL))}"
         case BudgetLimitCaveat(limit):
             return f"budget_limit = {_format_number(limit)}"
         case DepthCaveat(max_depth):
             return f"depth <= {int(max_depth)}"
         case ResourcesCaveat(patterns):
-            return f"resources = {','.join(check_name_patterns(patterns, 'resource'))}"
+            return f"resources = {','.join(check_patterns(patterns, PatternKind.RESOURCE))}"
         case PromptsCaveat(patterns):
-            return f"prompts = {','.join(check_name_patterns(patterns, 'prompt'))}"
+            return f"prompts = {','.join(check_patterns(patterns, PatternKind.PROMPT))}"
     raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
 
 
@@ -263,10 +236,10 @@ def parse_caveat(predicate: str) -> Caveat:
         return DepthCaveat(int(value))
     try:
         if key == "tools":
-            return ToolsCaveat(check_tool_patterns(_patterns(value)))
+            return ToolsCaveat(check_patterns(_patterns(value), PatternKind.TOOL))
         if key == "resources":
-            return ResourcesCaveat(check_name_patterns(_patterns(value), "resource"))
-        return PromptsCaveat(check_name_patterns(_patterns(value), "prompt"))
+            return ResourcesCaveat(check_patterns(_patterns(value), PatternKind.RESOURCE))
+        return PromptsCaveat(check_patterns(_patterns(value), PatternKind.PROMPT))
     except ValueError:
         raise TokenInvalid(f"malformed {key} caveat") from None
 
@@ -314,7 +287,7 @@ def restriction_caveats(
     if expires_at is not None:
         caveats.append(ExpiresCaveat(_caveat_float(expires_at)))
     if tools is not None:
-        caveats.append(ToolsCaveat(check_tool_patterns(tools)))
+        caveats.append(ToolsCaveat(check_patterns(tools, PatternKind.TOOL)))
     if budget_limit is not None:
         caveats.append(BudgetLimitCaveat(_caveat_float(budget_limit)))
     if max_depth is not None:
@@ -322,9 +295,9 @@ def restriction_caveats(
             raise ValueError("max_depth must be >= 0")
         caveats.append(DepthCaveat(int(max_depth)))
     if resources is not None:
-        caveats.append(ResourcesCaveat(check_name_patterns(resources, "resource")))
+        caveats.append(ResourcesCaveat(check_patterns(resources, PatternKind.RESOURCE)))
     if prompts is not None:
-        caveats.append(PromptsCaveat(check_name_patterns(prompts, "prompt")))
+        caveats.append(PromptsCaveat(check_patterns(prompts, PatternKind.PROMPT)))
     for caveat in caveats:
         format_caveat(caveat)  # validates numbers before anything is signed
     return caveats
@@ -782,7 +755,7 @@ __all__ = [
     "TokenIdentifier",
     "TokenInvalid",
     "add_caveats",
-    "check_name_patterns",
+    "check_patterns",
     "combine_caveats",
     "format_caveat",
     "inspect_token",

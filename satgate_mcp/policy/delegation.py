@@ -9,7 +9,6 @@ its credits are moved out of the parent's budget (done by the budget store, atom
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,12 +16,11 @@ from typing import Any, Protocol
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.auth.macaroons import CAVEAT_NUMBER_LIMIT
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.patterns import allowed_by, merge_filters
+from satgate_mcp.patterns import PatternKind, allowed_by, is_pattern, merge_filters, pattern_error
 
 DEFAULT_MAX_DEPTH = 3
 MAX_LABEL_CHARS = 200
 MAX_TOOL_PATTERNS = 100
-_PATTERN_RE = re.compile(r"[^\s,*]+\*?|\*")
 
 
 class Minter(Protocol):
@@ -104,8 +102,8 @@ def _tools(value: Any) -> tuple[str, ...] | None:
     if len(value) > MAX_TOOL_PATTERNS:
         raise DelegationRefused(f"tools may list at most {MAX_TOOL_PATTERNS} patterns")
     for pattern in value:
-        if not _PATTERN_RE.fullmatch(pattern):
-            raise DelegationRefused(f"tools pattern {pattern!r} is not a name, 'prefix*' or '*'")
+        if not is_pattern(pattern, PatternKind.TOOL):  # the grammar minting applies: what passes here mints
+            raise DelegationRefused(pattern_error(pattern, PatternKind.TOOL))
     return tuple(dict.fromkeys(value))
 
 

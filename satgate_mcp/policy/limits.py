@@ -23,7 +23,7 @@ from typing import Protocol
 
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import ConfigError
-from satgate_mcp.patterns import most_specific
+from satgate_mcp.patterns import PatternKind, is_pattern, most_specific, pattern_error
 from satgate_mcp.settings import parse_rate
 
 #: Float slack so that refills landing a hair under a whole token still count.
@@ -65,8 +65,8 @@ def parse_tool_rates(raw: Mapping[str, str]) -> tuple[ToolRate, ...]:
     """``{"search_*": "1/s"}`` -> rules; a bad entry raises ConfigError naming it."""
     rules = []
     for pattern, text in raw.items():
-        if not isinstance(pattern, str) or not pattern or "*" in pattern[:-1]:
-            raise ConfigError(f"tool rate limit pattern {pattern!r}: use a name, 'prefix*' or '*'")
+        if not isinstance(pattern, str) or not is_pattern(pattern, PatternKind.TOOL):
+            raise ConfigError(f"tool rate limit: {pattern_error(str(pattern), PatternKind.TOOL)}")
         if not isinstance(text, str):
             raise ConfigError(f"tool rate limit for {pattern!r}: expected a rate like '10/s', got {text!r}")
         try:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.policy.delegation import (
     ChildPlan,
     DelegationRefused,
@@ -14,6 +15,7 @@ from satgate_mcp.policy.delegation import (
 )
 
 NOW = 1_700_000_000.0
+KEY = "delegation-tests-root-key-0123456789"
 
 
 def parent(**kw: Any) -> Identity:
@@ -81,6 +83,30 @@ def test_plan_refusals(kw: dict[str, Any], params: Any, reason: str) -> None:
     with pytest.raises(DelegationRefused) as info:
         plan_child(parent(**kw), params, now=NOW)
     assert reason in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("pattern", "valid"),
+    [
+        pytest.param("db_read", True, id="name"),
+        pytest.param("ns:v1/db@host.read-only*", True, id="prefix-with-punctuation"),
+        pytest.param("*", True, id="star"),
+        pytest.param("a#b", False, id="hash"),
+        pytest.param("caf\u00e9", False, id="non-ascii"),
+        pytest.param("t" * 257, False, id="longer-than-a-caveat-takes"),
+        pytest.param("a*b", False, id="star-inside"),
+    ],
+)
+def test_attack_delegated_tool_pattern_that_minting_refuses_is_refused_by_the_plan(pattern: str, valid: bool) -> None:
+    """One grammar: what the plan accepts always mints, what it refuses never would."""
+    if valid:
+        assert plan_child(parent(), {"budget": 1, "tools": [pattern]}, now=NOW).tools == (pattern,)
+        assert mint_token(KEY, "child", tools=[pattern], now=NOW)
+    else:
+        with pytest.raises(DelegationRefused, match="invalid tool pattern"):
+            plan_child(parent(), {"budget": 1, "tools": [pattern]}, now=NOW)
+        with pytest.raises(ValueError, match="invalid tool pattern"):
+            mint_token(KEY, "child", tools=[pattern], now=NOW)
 
 
 def test_depth_limit_is_configurable() -> None:

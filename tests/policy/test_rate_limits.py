@@ -60,6 +60,8 @@ def test_tool_rates_parse_and_reject() -> None:
         parse_tool_rates({"search_*": "fast"})
     with pytest.raises(ConfigError, match="pattern"):
         parse_tool_rates({"a*b": "1/s"})
+    with pytest.raises(ConfigError, match="invalid tool pattern"):
+        parse_tool_rates({"my tool": "1/s"})  # the grammar of tokens: no token could name such a tool
 
 
 def test_buckets_are_keyed_by_token_never_session() -> None:
