@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from satgate_mcp.auth.base import Authenticator, NoAuthenticator, StaticTokenAuthenticator
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator
+from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.revocation import RevocationStore, revocation_store_from_settings
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH, Settings

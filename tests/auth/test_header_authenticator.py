@@ -10,7 +10,8 @@ import pytest
 
 from satgate_mcp.auth import macaroons
 from satgate_mcp.auth.base import AuthOutcome
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, add_caveats, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore
 
 KEY = "k" * 40

@@ -17,10 +17,10 @@ from pymacaroons import Macaroon
 from pymacaroons.macaroon import MACAROON_V2
 
 from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import (
     MAX_PREDICATE_BYTES,
     DepthCaveat,
-    MacaroonAuthenticator,
     TokenInvalid,
     decode_identifier,
     mint_token,

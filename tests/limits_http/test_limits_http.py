@@ -25,7 +25,8 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.app import create_app
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, mint_token, verify_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import mint_token, verify_token
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
