@@ -25,6 +25,26 @@ class AuthOutcome(StrEnum):
     REVOKED = "revoked"
 
 
+class TokenError(Exception):
+    """A token that cannot be used; ``outcome`` tells the authenticator which refusal it is."""
+
+    outcome: AuthOutcome = AuthOutcome.INVALID
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TokenInvalid(TokenError):
+    """Malformed, wrong key, tampered, or carrying a caveat this gateway does not understand."""
+
+    outcome = AuthOutcome.INVALID
+
+
+class TokenExpired(TokenError):
+    outcome = AuthOutcome.EXPIRED
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """What a verified credential says about its holder; immutable, rebuilt on every verification."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import structlog
 
 from satgate_mcp.auth import macaroons
-from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, bearer_from_header
-from satgate_mcp.auth.macaroons import TokenError, is_expired
+from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, TokenError, bearer_from_header
+from satgate_mcp.auth.macaroons import is_expired
 from satgate_mcp.auth.revocation import RevocationStore
 from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
 

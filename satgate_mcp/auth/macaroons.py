@@ -2,18 +2,8 @@
 
 The identifier is versioned JSON (``{"v":1,"token_id":...}``) chosen by whoever holds the root key;
 changing a byte of it breaks the signature, so no holder can re-point a token at another id,
-budget or tenant. Caveats can only be appended, and each one only restricts:
-
-- ``expires = <unix seconds>``: the earliest of several wins;
-- ``tools = a,b,prefix*``: every ``tools`` caveat must allow a tool (they intersect);
-- ``resources = uri,prefix*`` and ``prompts = name,prefix*``: the same for resource URIs (and resource
-  template URIs) and prompt names; absent means allowed, like ``tools``;
-- ``budget_limit = <credits>``: the lowest wins;
-- ``depth <= N``: the token's own delegation depth must not exceed N, and the lowest N caps
-  what may be delegated from it.
-
-Anything else (an unknown predicate, a third-party caveat, a malformed value) fails
-verification: fail closed, so an older gateway never ignores a restriction it does not know.
+budget or tenant. Caveats (caveats.py) can only be appended, and each one only restricts; an
+unknown or third-party caveat fails verification (fail closed).
 
 Anyone can mint a macaroon with a key of their own, so nothing a token says is interpreted before its
 signature checks out, and what checking it may cost is bounded up front: token length, caveat count,
@@ -25,20 +15,26 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import structlog
 from pymacaroons import Macaroon, Verifier
 from pymacaroons.macaroon import MACAROON_V2
 
-from satgate_mcp.auth.base import AuthOutcome, Identity
+from satgate_mcp.auth.base import Identity, TokenExpired, TokenInvalid
+from satgate_mcp.auth.caveats import (
+    MAX_PREDICATE_BYTES,
+    Caveat,
+    Restrictions,
+    combine_caveats,
+    format_caveat,
+    parse_caveat,
+    restriction_caveats,
+)
 from satgate_mcp.auth.revocation import check_token_id, is_valid_token_id
-from satgate_mcp.patterns import PatternKind, check_pattern
 from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
 
 LOCATION = "satgate-mcp"
@@ -47,258 +43,10 @@ IDENTIFIER_VERSION = 1
 MAX_TOKEN_CHARS = 8192
 MAX_CAVEATS = 64
 MAX_CHAIN = 32
-#: Patterns in one ``tools``, ``resources`` or ``prompts`` caveat (their grammar: satgate_mcp/patterns.py).
-MAX_PATTERNS = 256
-#: One caveat predicate, in bytes: a real one is a few dozen; a longer one is refused unread.
-MAX_PREDICATE_BYTES = 2048
 #: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
 MAX_IDENTIFIER_BYTES = 6144
 
-_log = structlog.get_logger(__name__)
-
-_NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
 _IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
-
-
-class TokenError(Exception):
-    """A token that cannot be used; ``outcome`` tells the authenticator which refusal it is."""
-
-    outcome: AuthOutcome = AuthOutcome.INVALID
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class TokenInvalid(TokenError):
-    """Malformed, wrong key, tampered, or carrying a caveat this gateway does not understand."""
-
-    outcome = AuthOutcome.INVALID
-
-
-class TokenExpired(TokenError):
-    outcome = AuthOutcome.EXPIRED
-
-
-# --- caveats -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ExpiresCaveat:
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ToolsCaveat:
-    patterns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetLimitCaveat:
-    limit: float
-
-
-@dataclass(frozen=True, slots=True)
-class DepthCaveat:
-    max_depth: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResourcesCaveat:
-    patterns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PromptsCaveat:
-    patterns: tuple[str, ...]
-
-
-Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat | ResourcesCaveat | PromptsCaveat
-
-
-@dataclass(frozen=True, slots=True)
-class Restrictions:
-    """All caveats of a token folded together; adding a caveat can only make each field narrower."""
-
-    expires_at: float | None = None
-    tool_filters: tuple[tuple[str, ...], ...] = ()
-    budget_limit: float | None = None
-    max_depth: int | None = None
-    resource_filters: tuple[tuple[str, ...], ...] = ()
-    prompt_filters: tuple[tuple[str, ...], ...] = ()
-
-
-#: Caveat numbers are below this: 15 integer digits, what the caveat number parser reads back.
-CAVEAT_NUMBER_LIMIT = 10**15
-
-
-def _format_number(value: float) -> str:
-    """The caveat text of ``value``; ValueError for anything the parser would not read back."""
-    if not math.isfinite(value) or not 0 <= value < CAVEAT_NUMBER_LIMIT:
-        raise ValueError(f"expected a finite number from 0 to below {CAVEAT_NUMBER_LIMIT:.0e}, got {value!r}")
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{value:.6f}".rstrip("0").rstrip(".")
-
-
-def _caveat_float(value: float) -> float:
-    """``float(value)``, but ValueError (not OverflowError) for an integer too big for any caveat."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= CAVEAT_NUMBER_LIMIT:
-        raise ValueError(f"expected a number below {CAVEAT_NUMBER_LIMIT:.0e}, got {str(value)[:20]}...")
-    return float(value)
-
-
-def _parse_number(text: str) -> float:
-    if not _NUMBER_RE.fullmatch(text):
-        raise TokenInvalid("malformed number in caveat")
-    return float(text)
-
-
-def check_patterns(patterns: Iterable[str], kind: PatternKind) -> tuple[str, ...]:
-    """Patterns for a ``tools``, ``resources`` or ``prompts`` caveat, stripped; ValueError otherwise.
-
-    An empty list is allowed: such a caveat allows nothing (a delegated child of disjoint filters).
-    """
-    cleaned = tuple(p.strip() for p in patterns)
-    if len(cleaned) > MAX_PATTERNS:
-        raise ValueError(f"at most {MAX_PATTERNS} {kind} patterns")
-    for pattern in cleaned:
-        check_pattern(pattern, kind)
-    return cleaned
-
-
-def _format_predicate(caveat: Caveat) -> str:
-    match caveat:
-        case ExpiresCaveat(at):
-            return f"expires = {_format_number(at)}"
-        case ToolsCaveat(patterns):
-            return f"tools = {','.join(check_patterns(patterns, PatternKind.TOOL))}"
-        case BudgetLimitCaveat(limit):
-            return f"budget_limit = {_format_number(limit)}"
-        case DepthCaveat(max_depth):
-            return f"depth <= {int(max_depth)}"
-        case ResourcesCaveat(patterns):
-            return f"resources = {','.join(check_patterns(patterns, PatternKind.RESOURCE))}"
-        case PromptsCaveat(patterns):
-            return f"prompts = {','.join(check_patterns(patterns, PatternKind.PROMPT))}"
-    raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
-
-
-def format_caveat(caveat: Caveat) -> str:
-    """The predicate for ``caveat``; ValueError for one no gateway would accept (so none is ever signed)."""
-    predicate = _format_predicate(caveat)
-    if len(predicate.encode("utf-8")) > MAX_PREDICATE_BYTES:
-        raise ValueError(f"caveat too long: at most {MAX_PREDICATE_BYTES} bytes per caveat")
-    return predicate
-
-
-#: (key, operator) -> what the value must be.
-_CAVEAT_KEYS = frozenset({("expires", "="), ("budget_limit", "="), ("depth", "<="), ("tools", "="),
-                          ("resources", "="), ("prompts", "=")})
-
-
-def split_predicate(predicate: str) -> tuple[str, str, str]:
-    """``key op value`` around the first operator, spaces stripped; linear, refuses control characters."""
-    if len(predicate) > MAX_PREDICATE_BYTES:
-        raise TokenInvalid("caveat too long")
-    if not predicate.isprintable():  # newlines, tabs, NUL, other control and separator characters
-        raise TokenInvalid("control characters in caveat")
-    at = predicate.find("=")
-    if at < 0:
-        raise TokenInvalid("unknown caveat")
-    op_start = at - 1 if at > 0 and predicate[at - 1] == "<" else at
-    key = predicate[:op_start].strip(" ")
-    op = predicate[op_start:at + 1]
-    return key, op, predicate[at + 1:].strip(" ")
-
-
-def _patterns(value: str) -> tuple[str, ...]:
-    return tuple(p.strip(" ") for p in value.split(",")) if value else ()
-
-
-def parse_caveat(predicate: str) -> Caveat:
-    """The caveat a predicate states, or TokenInvalid for anything this gateway does not know."""
-    key, op, value = split_predicate(predicate)
-    if (key, op) not in _CAVEAT_KEYS:
-        raise TokenInvalid("unknown caveat")
-    if key in ("expires", "budget_limit", "depth") and not value.isascii():
-        # ASCII digits only: str.isdigit() also accepts superscripts such as "²", which int() refuses.
-        raise TokenInvalid(f"malformed number in {key} caveat")
-    if key == "expires":
-        return ExpiresCaveat(_parse_number(value))
-    if key == "budget_limit":
-        return BudgetLimitCaveat(_parse_number(value))
-    if key == "depth":
-        if not (value.isdigit() and len(value) <= 6):
-            raise TokenInvalid("malformed depth caveat")
-        return DepthCaveat(int(value))
-    try:
-        if key == "tools":
-            return ToolsCaveat(check_patterns(_patterns(value), PatternKind.TOOL))
-        if key == "resources":
-            return ResourcesCaveat(check_patterns(_patterns(value), PatternKind.RESOURCE))
-        return PromptsCaveat(check_patterns(_patterns(value), PatternKind.PROMPT))
-    except ValueError:
-        raise TokenInvalid(f"malformed {key} caveat") from None
-
-
-def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
-    """Narrowing: earliest expiry, intersected tool/resource/prompt filters, lowest budget limit and depth cap."""
-    expires: float | None = None
-    tools: list[tuple[str, ...]] = []
-    resources: list[tuple[str, ...]] = []
-    prompts: list[tuple[str, ...]] = []
-    budget: float | None = None
-    depth: int | None = None
-    for caveat in caveats:
-        match caveat:
-            case ExpiresCaveat(at):
-                expires = at if expires is None else min(expires, at)
-            case ToolsCaveat(patterns):
-                if patterns not in tools:
-                    tools.append(patterns)
-            case BudgetLimitCaveat(limit):
-                budget = limit if budget is None else min(budget, limit)
-            case DepthCaveat(max_depth):
-                depth = max_depth if depth is None else min(depth, max_depth)
-            case ResourcesCaveat(patterns):
-                if patterns not in resources:
-                    resources.append(patterns)
-            case PromptsCaveat(patterns):
-                if patterns not in prompts:
-                    prompts.append(patterns)
-    return Restrictions(expires, tuple(tools), budget, depth, tuple(resources), tuple(prompts))
-
-
-def restriction_caveats(
-    *,
-    expires_at: float | None = None,
-    tools: Sequence[str] | None = None,
-    budget_limit: float | None = None,
-    max_depth: int | None = None,
-    resources: Sequence[str] | None = None,
-    prompts: Sequence[str] | None = None,
-) -> list[Caveat]:
-    if isinstance(tools, str) or isinstance(resources, str) or isinstance(prompts, str):
-        raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
-    caveats: list[Caveat] = []
-    if expires_at is not None:
-        caveats.append(ExpiresCaveat(_caveat_float(expires_at)))
-    if tools is not None:
-        caveats.append(ToolsCaveat(check_patterns(tools, PatternKind.TOOL)))
-    if budget_limit is not None:
-        caveats.append(BudgetLimitCaveat(_caveat_float(budget_limit)))
-    if max_depth is not None:
-        if max_depth < 0:
-            raise ValueError("max_depth must be >= 0")
-        caveats.append(DepthCaveat(int(max_depth)))
-    if resources is not None:
-        caveats.append(ResourcesCaveat(check_patterns(resources, PatternKind.RESOURCE)))
-    if prompts is not None:
-        caveats.append(PromptsCaveat(check_patterns(prompts, PatternKind.PROMPT)))
-    for caveat in caveats:
-        format_caveat(caveat)  # validates numbers before anything is signed
-    return caveats
 
 
 # --- identifier ----------------------------------------------------------------------------------
@@ -654,19 +402,12 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
 
 
 __all__ = [
-    "Restrictions",
-    "TokenError",
-    "TokenExpired",
     "TokenIdentifier",
-    "TokenInvalid",
     "add_caveats",
-    "check_patterns",
-    "combine_caveats",
-    "format_caveat",
+    "decode_identifier",
     "inspect_token",
     "mint_token",
-    "parse_caveat",
-    "split_predicate",
+    "parse_token",
     "verify_signature",
     "verify_token",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.auth.macaroons import CAVEAT_NUMBER_LIMIT
+from satgate_mcp.auth.caveats import CAVEAT_NUMBER_LIMIT
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.patterns import PatternKind, allowed_by, is_pattern, merge_filters, pattern_error
 

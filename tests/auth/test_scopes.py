@@ -5,22 +5,18 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from satgate_mcp.auth.base import Identity
-from satgate_mcp.auth.macaroons import (
+from satgate_mcp.auth.base import Identity, TokenInvalid
+from satgate_mcp.auth.caveats import (
     Caveat,
     PromptsCaveat,
     ResourcesCaveat,
     Restrictions,
-    TokenInvalid,
-    add_caveats,
     check_patterns,
     combine_caveats,
     format_caveat,
-    inspect_token,
-    mint_token,
     parse_caveat,
-    verify_token,
 )
+from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.patterns import PatternKind
