@@ -14,7 +14,6 @@ from satgate_mcp.auth import macaroons
 from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, TokenError, bearer_from_header
 from satgate_mcp.auth.macaroons import is_expired
 from satgate_mcp.auth.revocation import RevocationStore
-from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
 
 _log = structlog.get_logger(__name__)
 
@@ -47,8 +46,6 @@ class MacaroonAuthenticator:
         cache_seconds: float = 1.0,
         max_cached: int = 10_000,
     ) -> None:
-        if len(root_key) < MIN_ROOT_KEY_LENGTH:
-            raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
         self._root_key = root_key
         self.revocations = revocations
         self._clock = clock

@@ -35,7 +35,6 @@ from satgate_mcp.auth.caveats import (
     restriction_caveats,
 )
 from satgate_mcp.auth.revocation import check_token_id, is_valid_token_id
-from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
 
 LOCATION = "satgate-mcp"
 IDENTIFIER_VERSION = 1
@@ -293,9 +292,8 @@ def mint_token(
     For delegation pass the parent's chain so revoking any ancestor revokes the child:
     ``mint_token(key, child_id, parent_id=parent.token_id, ancestors=parent.ancestors,
     depth=parent.depth + 1, ...)``. Without ``ancestors`` only the direct parent is recorded.
+    The key's length is checked where it is read (``Settings``; the CLI for ``token mint``).
     """
-    if len(root_key) < MIN_ROOT_KEY_LENGTH:
-        raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
     if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
         raise ValueError("ttl must be a positive number of seconds")
     check_token_id(token_id)

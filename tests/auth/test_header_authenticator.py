@@ -180,8 +180,3 @@ async def test_store_failure_refuses_without_crashing() -> None:
     result = await auth.authenticate(bearer(mint()))
     assert result.outcome is AuthOutcome.INVALID
     assert result.reason == "revocation check unavailable"
-
-
-def test_short_root_key_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least 32"):
-        MacaroonAuthenticator("short", MemoryRevocationStore())

@@ -279,7 +279,7 @@ def test_combine_caveats(caveats: list[Caveat], expected: Restrictions) -> None:
 @pytest.mark.parametrize(
     ("key", "token_id", "kwargs"),
     [
-        pytest.param("short", "tok", {}, id="short-key"),
+        pytest.param("", "tok", {}, id="empty-key"),
         pytest.param(KEY, "", {}, id="empty-id"),
         pytest.param(KEY, "tok\nother", {}, id="newline-in-id"),
         pytest.param(KEY, "tok other", {}, id="space-in-id"),
