@@ -24,7 +24,8 @@ from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from satgate_mcp import __version__
-from satgate_mcp.auth.macaroons import TokenError, add_caveats, inspect_token, mint_token, verify_token
+from satgate_mcp.auth.base import TokenError
+from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import (
     check_token_id,
     revocation_store_configured,

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from satgate_mcp.patterns import PatternKind, check_pattern
+
 ENV_PREFIX = "SATGATE_"
 MIN_ROOT_KEY_LENGTH = 32
 
@@ -152,6 +154,7 @@ class Settings(BaseSettings):
     @classmethod
     def _tool_rates(cls, value: dict[str, str]) -> dict[str, str]:
         for pattern, rate in value.items():
+            check_pattern(pattern, PatternKind.TOOL)
             try:
                 parse_rate(rate)
             except ValueError as exc:

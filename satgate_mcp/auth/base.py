@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from satgate_mcp.patterns import allowed_by
+
 ANONYMOUS = "anonymous"
 
 
@@ -23,11 +25,24 @@ class AuthOutcome(StrEnum):
     REVOKED = "revoked"
 
 
-def tool_matches(pattern: str, name: str) -> bool:
-    """``name`` exact, ``prefix*`` by prefix, ``*`` everything (tool names, resource URIs, prompt names)."""
-    if pattern.endswith("*"):
-        return name.startswith(pattern[:-1])
-    return pattern == name
+class TokenError(Exception):
+    """A token that cannot be used; ``outcome`` tells the authenticator which refusal it is."""
+
+    outcome: AuthOutcome = AuthOutcome.INVALID
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TokenInvalid(TokenError):
+    """Malformed, wrong key, tampered, or carrying a caveat this gateway does not understand."""
+
+    outcome = AuthOutcome.INVALID
+
+
+class TokenExpired(TokenError):
+    outcome = AuthOutcome.EXPIRED
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +80,13 @@ class Identity:
         return self.budget_id or self.token_id
 
     def allows_tool(self, name: str) -> bool:
-        return _allowed_by(self.tool_filters, name)
+        return allowed_by(self.tool_filters, name)
 
     def allows_resource(self, uri: str) -> bool:
-        return _allowed_by(self.resource_filters, uri)
+        return allowed_by(self.resource_filters, uri)
 
     def allows_prompt(self, name: str) -> bool:
-        return _allowed_by(self.prompt_filters, name)
-
-
-def _allowed_by(filters: tuple[tuple[str, ...], ...], name: str) -> bool:
-    """No filter allows everything; several filters intersect (each caveat only narrows)."""
-    return all(any(tool_matches(p, name) for p in caveat) for caveat in filters)
+        return allowed_by(self.prompt_filters, name)
 
 
 ANONYMOUS_IDENTITY = Identity(token_id=ANONYMOUS)

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable
 
 from satgate_mcp.auth.base import Authenticator, NoAuthenticator, StaticTokenAuthenticator
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator
+from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.revocation import RevocationStore, revocation_store_from_settings
 from satgate_mcp.errors import ConfigError
-from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH, Settings
+from satgate_mcp.settings import Settings
 
 
 def authenticator_from_settings(
@@ -26,9 +26,9 @@ def authenticator_from_settings(
             raise ConfigError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
         return StaticTokenAuthenticator(settings.static_token.get_secret_value())
     if settings.auth_mode == "header":
-        key = settings.root_key.get_secret_value() if settings.root_key is not None else ""
-        if len(key) < MIN_ROOT_KEY_LENGTH:
-            raise ConfigError(f"SATGATE_ROOT_KEY must be at least {MIN_ROOT_KEY_LENGTH} characters in header mode")
+        if settings.root_key is None:  # Settings refuses a missing or short key; model_construct skips that
+            raise ConfigError("SATGATE_ROOT_KEY is required when SATGATE_AUTH_MODE=header")
+        key = settings.root_key.get_secret_value()
         if revocations is None:
             try:
                 revocations = revocation_store_from_settings(settings)

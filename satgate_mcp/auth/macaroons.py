@@ -2,18 +2,8 @@
 
 The identifier is versioned JSON (``{"v":1,"token_id":...}``) chosen by whoever holds the root key;
 changing a byte of it breaks the signature, so no holder can re-point a token at another id,
-budget or tenant. Caveats can only be appended, and each one only restricts:
-
-- ``expires = <unix seconds>``: the earliest of several wins;
-- ``tools = a,b,prefix*``: every ``tools`` caveat must allow a tool (they intersect);
-- ``resources = uri,prefix*`` and ``prompts = name,prefix*``: the same for resource URIs (and resource
-  template URIs) and prompt names; absent means allowed, like ``tools``;
-- ``budget_limit = <credits>``: the lowest wins;
-- ``depth <= N``: the token's own delegation depth must not exceed N, and the lowest N caps
-  what may be delegated from it.
-
-Anything else (an unknown predicate, a third-party caveat, a malformed value) fails
-verification: fail closed, so an older gateway never ignores a restriction it does not know.
+budget or tenant. Caveats (caveats.py) can only be appended, and each one only restricts; an
+unknown or third-party caveat fails verification (fail closed).
 
 Anyone can mint a macaroon with a key of their own, so nothing a token says is interpreted before its
 signature checks out, and what checking it may cost is bounded up front: token length, caveat count,
@@ -23,24 +13,28 @@ can backtrack on them).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import structlog
 from pymacaroons import Macaroon, Verifier
 from pymacaroons.macaroon import MACAROON_V2
 
-from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, bearer_from_header
-from satgate_mcp.auth.revocation import RevocationStore, check_token_id, is_valid_token_id
-from satgate_mcp.settings import MIN_ROOT_KEY_LENGTH
+from satgate_mcp.auth.base import Identity, TokenExpired, TokenInvalid
+from satgate_mcp.auth.caveats import (
+    MAX_PREDICATE_BYTES,
+    Caveat,
+    Restrictions,
+    combine_caveats,
+    format_caveat,
+    parse_caveat,
+    restriction_caveats,
+)
+from satgate_mcp.auth.revocation import check_token_id, is_valid_token_id
 
 LOCATION = "satgate-mcp"
 IDENTIFIER_VERSION = 1
@@ -48,286 +42,10 @@ IDENTIFIER_VERSION = 1
 MAX_TOKEN_CHARS = 8192
 MAX_CAVEATS = 64
 MAX_CHAIN = 32
-MAX_TOOL_PATTERNS = 256
-#: Patterns in one ``resources`` or ``prompts`` caveat, and characters in one of them.
-MAX_NAME_PATTERNS = 256
-MAX_NAME_PATTERN_CHARS = 1024
-#: One caveat predicate, in bytes: a real one is a few dozen; a longer one is refused unread.
-MAX_PREDICATE_BYTES = 2048
 #: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
 MAX_IDENTIFIER_BYTES = 6144
 
-_log = structlog.get_logger(__name__)
-
-_NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
-_TOOL_PATTERN_RE = re.compile(r"[A-Za-z0-9_.:/@-]*\*?")
 _IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
-
-
-class TokenError(Exception):
-    """A token that cannot be used; ``outcome`` tells the authenticator which refusal it is."""
-
-    outcome: AuthOutcome = AuthOutcome.INVALID
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class TokenInvalid(TokenError):
-    """Malformed, wrong key, tampered, or carrying a caveat this gateway does not understand."""
-
-    outcome = AuthOutcome.INVALID
-
-
-class TokenExpired(TokenError):
-    outcome = AuthOutcome.EXPIRED
-
-
-# --- caveats -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ExpiresCaveat:
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ToolsCaveat:
-    patterns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetLimitCaveat:
-    limit: float
-
-
-@dataclass(frozen=True, slots=True)
-class DepthCaveat:
-    max_depth: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResourcesCaveat:
-    patterns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PromptsCaveat:
-    patterns: tuple[str, ...]
-
-
-Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat | ResourcesCaveat | PromptsCaveat
-
-
-@dataclass(frozen=True, slots=True)
-class Restrictions:
-    """All caveats of a token folded together; adding a caveat can only make each field narrower."""
-
-    expires_at: float | None = None
-    tool_filters: tuple[tuple[str, ...], ...] = ()
-    budget_limit: float | None = None
-    max_depth: int | None = None
-    resource_filters: tuple[tuple[str, ...], ...] = ()
-    prompt_filters: tuple[tuple[str, ...], ...] = ()
-
-
-#: Caveat numbers are below this: 15 integer digits, what the caveat number parser reads back.
-CAVEAT_NUMBER_LIMIT = 10**15
-
-
-def _format_number(value: float) -> str:
-    """The caveat text of ``value``; ValueError for anything the parser would not read back."""
-    if not math.isfinite(value) or not 0 <= value < CAVEAT_NUMBER_LIMIT:
-        raise ValueError(f"expected a finite number from 0 to below {CAVEAT_NUMBER_LIMIT:.0e}, got {value!r}")
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{value:.6f}".rstrip("0").rstrip(".")
-
-
-def _caveat_float(value: float) -> float:
-    """``float(value)``, but ValueError (not OverflowError) for an integer too big for any caveat."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= CAVEAT_NUMBER_LIMIT:
-        raise ValueError(f"expected a number below {CAVEAT_NUMBER_LIMIT:.0e}, got {str(value)[:20]}...")
-    return float(value)
-
-
-def _parse_number(text: str) -> float:
-    if not _NUMBER_RE.fullmatch(text):
-        raise TokenInvalid("malformed number in caveat")
-    return float(text)
-
-
-def check_tool_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
-    """Patterns for a ``tools`` caveat: names, ``prefix*`` or ``*``; ValueError otherwise."""
-    cleaned = tuple(p.strip() for p in patterns)
-    for pattern in cleaned:
-        if not pattern or not _TOOL_PATTERN_RE.fullmatch(pattern) or len(pattern) > 256:
-            raise ValueError(f"invalid tool pattern {pattern!r}: use a tool name, 'prefix*' or '*'")
-    if len(cleaned) > MAX_TOOL_PATTERNS:
-        raise ValueError(f"at most {MAX_TOOL_PATTERNS} tool patterns")
-    return cleaned
-
-
-def is_name_pattern(pattern: str) -> bool:
-    """A resource URI or prompt name, optionally ending in ``*`` (prefix): any visible characters but
-    commas (the list separator), whitespace and control characters; ``*`` only at the end."""
-    return (
-        0 < len(pattern) <= MAX_NAME_PATTERN_CHARS
-        and pattern.isprintable()
-        and "," not in pattern
-        and "*" not in pattern[:-1]
-        and not any(c.isspace() for c in pattern)
-    )
-
-
-def check_name_patterns(patterns: Iterable[str], what: str = "resource") -> tuple[str, ...]:
-    """Patterns for a ``resources`` or ``prompts`` caveat: URIs/names, ``prefix*`` or ``*``; ValueError otherwise.
-
-    An empty list is allowed: such a caveat allows nothing (a delegated child of disjoint filters).
-    """
-    cleaned = tuple(p.strip() for p in patterns)
-    if len(cleaned) > MAX_NAME_PATTERNS:
-        raise ValueError(f"at most {MAX_NAME_PATTERNS} {what} patterns")
-    for pattern in cleaned:
-        if not is_name_pattern(pattern):
-            raise ValueError(f"invalid {what} pattern {pattern[:100]!r}: use a {what} name, 'prefix*' or '*' "
-                             f"(no commas, whitespace or control characters; at most {MAX_NAME_PATTERN_CHARS})")
-    return cleaned
-
-
-def _format_predicate(caveat: Caveat) -> str:
-    match caveat:
-        case ExpiresCaveat(at):
-            return f"expires = {_format_number(at)}"
-        case ToolsCaveat(patterns):
-            return f"tools = {','.join(check_tool_patterns(patterns))}"
-        case BudgetLimitCaveat(limit):
-            return f"budget_limit = {_format_number(limit)}"
-        case DepthCaveat(max_depth):
-            return f"depth <= {int(max_depth)}"
-        case ResourcesCaveat(patterns):
-            return f"resources = {','.join(check_name_patterns(patterns, 'resource'))}"
-        case PromptsCaveat(patterns):
-            return f"prompts = {','.join(check_name_patterns(patterns, 'prompt'))}"
-    raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
-
-
-def format_caveat(caveat: Caveat) -> str:
-    """The predicate for ``caveat``; ValueError for one no gateway would accept (so none is ever signed)."""
-    predicate = _format_predicate(caveat)
-    if len(predicate.encode("utf-8")) > MAX_PREDICATE_BYTES:
-        raise ValueError(f"caveat too long: at most {MAX_PREDICATE_BYTES} bytes per caveat")
-    return predicate
-
-
-#: (key, operator) -> what the value must be.
-_CAVEAT_KEYS = frozenset({("expires", "="), ("budget_limit", "="), ("depth", "<="), ("tools", "="),
-                          ("resources", "="), ("prompts", "=")})
-
-
-def split_predicate(predicate: str) -> tuple[str, str, str]:
-    """``key op value`` around the first operator, spaces stripped; linear, refuses control characters."""
-    if len(predicate) > MAX_PREDICATE_BYTES:
-        raise TokenInvalid("caveat too long")
-    if not predicate.isprintable():  # newlines, tabs, NUL, other control and separator characters
-        raise TokenInvalid("control characters in caveat")
-    at = predicate.find("=")
-    if at < 0:
-        raise TokenInvalid("unknown caveat")
-    op_start = at - 1 if at > 0 and predicate[at - 1] == "<" else at
-    key = predicate[:op_start].strip(" ")
-    op = predicate[op_start:at + 1]
-    return key, op, predicate[at + 1:].strip(" ")
-
-
-def _patterns(value: str) -> tuple[str, ...]:
-    return tuple(p.strip(" ") for p in value.split(",")) if value else ()
-
-
-def parse_caveat(predicate: str) -> Caveat:
-    """The caveat a predicate states, or TokenInvalid for anything this gateway does not know."""
-    key, op, value = split_predicate(predicate)
-    if (key, op) not in _CAVEAT_KEYS:
-        raise TokenInvalid("unknown caveat")
-    if key in ("expires", "budget_limit", "depth") and not value.isascii():
-        # ASCII digits only: str.isdigit() also accepts superscripts such as "²", which int() refuses.
-        raise TokenInvalid(f"malformed number in {key} caveat")
-    if key == "expires":
-        return ExpiresCaveat(_parse_number(value))
-    if key == "budget_limit":
-        return BudgetLimitCaveat(_parse_number(value))
-    if key == "depth":
-        if not (value.isdigit() and len(value) <= 6):
-            raise TokenInvalid("malformed depth caveat")
-        return DepthCaveat(int(value))
-    try:
-        if key == "tools":
-            return ToolsCaveat(check_tool_patterns(_patterns(value)))
-        if key == "resources":
-            return ResourcesCaveat(check_name_patterns(_patterns(value), "resource"))
-        return PromptsCaveat(check_name_patterns(_patterns(value), "prompt"))
-    except ValueError:
-        raise TokenInvalid(f"malformed {key} caveat") from None
-
-
-def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
-    """Narrowing: earliest expiry, intersected tool/resource/prompt filters, lowest budget limit and depth cap."""
-    expires: float | None = None
-    tools: list[tuple[str, ...]] = []
-    resources: list[tuple[str, ...]] = []
-    prompts: list[tuple[str, ...]] = []
-    budget: float | None = None
-    depth: int | None = None
-    for caveat in caveats:
-        match caveat:
-            case ExpiresCaveat(at):
-                expires = at if expires is None else min(expires, at)
-            case ToolsCaveat(patterns):
-                if patterns not in tools:
-                    tools.append(patterns)
-            case BudgetLimitCaveat(limit):
-                budget = limit if budget is None else min(budget, limit)
-            case DepthCaveat(max_depth):
-                depth = max_depth if depth is None else min(depth, max_depth)
-            case ResourcesCaveat(patterns):
-                if patterns not in resources:
-                    resources.append(patterns)
-            case PromptsCaveat(patterns):
-                if patterns not in prompts:
-                    prompts.append(patterns)
-    return Restrictions(expires, tuple(tools), budget, depth, tuple(resources), tuple(prompts))
-
-
-def restriction_caveats(
-    *,
-    expires_at: float | None = None,
-    tools: Sequence[str] | None = None,
-    budget_limit: float | None = None,
-    max_depth: int | None = None,
-    resources: Sequence[str] | None = None,
-    prompts: Sequence[str] | None = None,
-) -> list[Caveat]:
-    if isinstance(tools, str) or isinstance(resources, str) or isinstance(prompts, str):
-        raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
-    caveats: list[Caveat] = []
-    if expires_at is not None:
-        caveats.append(ExpiresCaveat(_caveat_float(expires_at)))
-    if tools is not None:
-        caveats.append(ToolsCaveat(check_tool_patterns(tools)))
-    if budget_limit is not None:
-        caveats.append(BudgetLimitCaveat(_caveat_float(budget_limit)))
-    if max_depth is not None:
-        if max_depth < 0:
-            raise ValueError("max_depth must be >= 0")
-        caveats.append(DepthCaveat(int(max_depth)))
-    if resources is not None:
-        caveats.append(ResourcesCaveat(check_name_patterns(resources, "resource")))
-    if prompts is not None:
-        caveats.append(PromptsCaveat(check_name_patterns(prompts, "prompt")))
-    for caveat in caveats:
-        format_caveat(caveat)  # validates numbers before anything is signed
-    return caveats
 
 
 # --- identifier ----------------------------------------------------------------------------------
@@ -574,9 +292,8 @@ def mint_token(
     For delegation pass the parent's chain so revoking any ancestor revokes the child:
     ``mint_token(key, child_id, parent_id=parent.token_id, ancestors=parent.ancestors,
     depth=parent.depth + 1, ...)``. Without ``ancestors`` only the direct parent is recorded.
+    The key's length is checked where it is read (``Settings``; the CLI for ``token mint``).
     """
-    if len(root_key) < MIN_ROOT_KEY_LENGTH:
-        raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
     if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
         raise ValueError("ttl must be a positive number of seconds")
     check_token_id(token_id)
@@ -682,113 +399,13 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
     return info
 
 
-# --- the header authenticator --------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Verified:
-    identity: Identity | None
-    outcome: AuthOutcome
-    reason: str
-    until: float
-
-
-class MacaroonAuthenticator:
-    """``SATGATE_AUTH_MODE=header``: macaroon bearer tokens, checked on every request.
-
-    The expensive part (deserialize, HMAC chain) is cached per token hash for ``cache_seconds``
-    in a bounded LRU. Expiry is compared against the clock and revocation asked of the store on
-    every call, so the cache can neither outlive ``expires`` nor hide a revocation; the stores
-    answer from local state at most half a second old.
-    """
-
-    mode = "header"
-
-    def __init__(
-        self,
-        root_key: str,
-        revocations: RevocationStore,
-        *,
-        clock: Callable[[], float] = time.time,
-        cache_seconds: float = 1.0,
-        max_cached: int = 10_000,
-    ) -> None:
-        if len(root_key) < MIN_ROOT_KEY_LENGTH:
-            raise ValueError(f"the root key must be at least {MIN_ROOT_KEY_LENGTH} characters")
-        self._root_key = root_key
-        self.revocations = revocations
-        self._clock = clock
-        self._cache_seconds = cache_seconds
-        self._max_cached = max_cached
-        self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
-
-    def _verified(self, token: str, now: float) -> _Verified:
-        key = hashlib.sha256(token.encode("utf-8", errors="surrogatepass")).digest()
-        entry = self._cache.get(key)
-        if entry is not None and entry.until > now:
-            self._cache.move_to_end(key)
-            return entry
-        try:
-            entry = _Verified(verify_signature(self._root_key, token), AuthOutcome.OK, "", 0.0)
-        except TokenError as exc:
-            entry = _Verified(None, exc.outcome, exc.reason, 0.0)
-        entry.until = now + self._cache_seconds
-        self._cache[key] = entry
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._max_cached:
-            self._cache.popitem(last=False)
-        return entry
-
-    async def authenticate(self, authorization: str | None) -> AuthResult:
-        token = bearer_from_header(authorization)
-        if token is None:
-            return AuthResult(AuthOutcome.MISSING, reason="no bearer token")
-        now = self._clock()
-        entry = self._verified(token, now)
-        identity = entry.identity
-        if identity is None:
-            return AuthResult(entry.outcome, reason=entry.reason)
-        try:
-            revoked = await self._revoked_id(identity)
-        except Exception as exc:  # a store outage must refuse, not crash, and not let the token through
-            _log.warning("revocation_check_failed", token_id=identity.token_id, error=type(exc).__name__)
-            return AuthResult(AuthOutcome.INVALID, reason="revocation check unavailable")
-        if revoked is not None:
-            reason = "token revoked" if revoked == identity.token_id else "an ancestor token was revoked"
-            return AuthResult(AuthOutcome.REVOKED, identity, token, reason)
-        if is_expired(identity, now):
-            return AuthResult(AuthOutcome.EXPIRED, identity, token, "token expired")
-        return AuthResult(AuthOutcome.OK, identity, token)
-
-    async def _revoked_id(self, identity: Identity) -> str | None:
-        for token_id in (identity.token_id, *reversed(identity.ancestors)):
-            if await self.revocations.is_revoked(token_id):
-                return token_id
-        return None
-
-    def forget(self) -> None:
-        """Drop every cached verification (tests, or after rotating the root key)."""
-        self._cache.clear()
-
-    async def aclose(self) -> None:
-        await self.revocations.aclose()
-
-
 __all__ = [
-    "MacaroonAuthenticator",
-    "Restrictions",
-    "TokenError",
-    "TokenExpired",
     "TokenIdentifier",
-    "TokenInvalid",
     "add_caveats",
-    "check_name_patterns",
-    "combine_caveats",
-    "format_caveat",
+    "decode_identifier",
     "inspect_token",
     "mint_token",
-    "parse_caveat",
-    "split_predicate",
+    "parse_token",
     "verify_signature",
     "verify_token",
 ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.patterns import most_specific
 
 #: Float slack for "does the cost fit what remains".
 EPSILON = 1e-9
@@ -29,14 +30,9 @@ def child_account_ttl(child_ttl: float | None) -> float | None:
 
 
 def resolve_cost(tool: str, costs: Mapping[str, float], default: float) -> float:
-    """Exact name, then the longest matching ``prefix*``, then ``*``, then the default cost."""
-    if tool in costs:
-        return costs[tool]
-    best: str | None = None
-    for pattern in costs:
-        if pattern.endswith("*") and tool.startswith(pattern[:-1]) and (best is None or len(pattern) > len(best)):
-            best = pattern
-    return costs[best] if best is not None else default
+    """The cost of the most specific pattern (exact name, longest ``prefix*``, ``*``), else the default."""
+    pattern = most_specific(costs.keys(), tool)
+    return costs[pattern] if pattern is not None else default
 
 
 def initial_limit(identity: Identity, operator_budgets: Mapping[str, float]) -> float | None:

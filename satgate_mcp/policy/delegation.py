@@ -9,19 +9,18 @@ its credits are moved out of the parent's budget (done by the budget store, atom
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.auth.macaroons import CAVEAT_NUMBER_LIMIT
+from satgate_mcp.auth.caveats import CAVEAT_NUMBER_LIMIT
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.patterns import PatternKind, allowed_by, is_pattern, merge_filters, pattern_error
 
 DEFAULT_MAX_DEPTH = 3
 MAX_LABEL_CHARS = 200
 MAX_TOOL_PATTERNS = 100
-_PATTERN_RE = re.compile(r"[^\s,*]+\*?|\*")
 
 
 class Minter(Protocol):
@@ -80,37 +79,6 @@ class ChildPlan:
     prompts: tuple[str, ...] | None = None
 
 
-def pattern_covers(outer: str, inner: str) -> bool:
-    """Every tool name ``inner`` can match is matched by ``outer`` (patterns: name, ``prefix*``, ``*``)."""
-    if outer.endswith("*"):
-        return inner.startswith(outer[:-1])
-    return outer == inner
-
-
-def pattern_intersection(a: str, b: str) -> str | None:
-    """The pattern matching exactly the names both match, or None when they share none.
-
-    Two patterns either nest or are disjoint, so the answer is one of them.
-    """
-    if pattern_covers(a, b):
-        return b
-    if pattern_covers(b, a):
-        return a
-    return None
-
-
-def effective_tools(filters: Sequence[Sequence[str]]) -> tuple[str, ...] | None:
-    """One pattern list equal to several caveats (tools, resources or prompts: they intersect); None when
-    unrestricted, ``()`` when they share nothing."""
-    if not filters:
-        return None
-    result: tuple[str, ...] = tuple(dict.fromkeys(filters[0]))
-    for caveat in filters[1:]:
-        merged = (pattern_intersection(a, b) for a in result for b in caveat)
-        result = tuple(dict.fromkeys(p for p in merged if p is not None))
-    return result
-
-
 def _number(value: Any, name: str) -> float:
     """A positive number a caveat can carry; checked before any float conversion (a 400-digit int overflows)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -134,8 +102,8 @@ def _tools(value: Any) -> tuple[str, ...] | None:
     if len(value) > MAX_TOOL_PATTERNS:
         raise DelegationRefused(f"tools may list at most {MAX_TOOL_PATTERNS} patterns")
     for pattern in value:
-        if not _PATTERN_RE.fullmatch(pattern):
-            raise DelegationRefused(f"tools pattern {pattern!r} is not a name, 'prefix*' or '*'")
+        if not is_pattern(pattern, PatternKind.TOOL):  # the grammar minting applies: what passes here mints
+            raise DelegationRefused(pattern_error(pattern, PatternKind.TOOL))
     return tuple(dict.fromkeys(value))
 
 
@@ -168,11 +136,11 @@ def plan_child(parent: Identity, params: JsonObj | None, *, now: float,
 
     if requested is not None:
         for pattern in requested:
-            if not all(any(pattern_covers(p, pattern) for p in caveat) for caveat in parent.tool_filters):
+            if not allowed_by(parent.tool_filters, pattern):
                 raise DelegationRefused(f"tool {pattern!r} is wider than the parent token allows")
         tools: tuple[str, ...] | None = requested
     else:
-        tools = effective_tools(parent.tool_filters)
+        tools = merge_filters(parent.tool_filters)
         if tools == ():
             raise DelegationRefused("the parent token allows no tools")
 
@@ -185,7 +153,7 @@ def plan_child(parent: Identity, params: JsonObj | None, *, now: float,
         max_depth=token_cap,
         ancestors=(*parent.ancestors, parent.token_id),
         label=label,
-        resources=effective_tools(parent.resource_filters),
-        prompts=effective_tools(parent.prompt_filters),
+        resources=merge_filters(parent.resource_filters),
+        prompts=merge_filters(parent.prompt_filters),
     )
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.patterns import PatternKind, is_pattern, most_specific, pattern_error
 from satgate_mcp.settings import parse_rate
 
 #: Float slack so that refills landing a hair under a whole token still count.
@@ -64,8 +65,8 @@ def parse_tool_rates(raw: Mapping[str, str]) -> tuple[ToolRate, ...]:
     """``{"search_*": "1/s"}`` -> rules; a bad entry raises ConfigError naming it."""
     rules = []
     for pattern, text in raw.items():
-        if not isinstance(pattern, str) or not pattern or "*" in pattern[:-1]:
-            raise ConfigError(f"tool rate limit pattern {pattern!r}: use a name, 'prefix*' or '*'")
+        if not isinstance(pattern, str) or not is_pattern(pattern, PatternKind.TOOL):
+            raise ConfigError(f"tool rate limit: {pattern_error(str(pattern), PatternKind.TOOL)}")
         if not isinstance(text, str):
             raise ConfigError(f"tool rate limit for {pattern!r}: expected a rate like '10/s', got {text!r}")
         try:
@@ -73,17 +74,6 @@ def parse_tool_rates(raw: Mapping[str, str]) -> tuple[ToolRate, ...]:
         except ValueError as exc:
             raise ConfigError(f"tool rate limit for {pattern!r}: {exc}") from None
     return tuple(rules)
-
-
-def most_specific(patterns: Sequence[str], tool: str) -> str | None:
-    """The exact name, else the longest matching ``prefix*``, else ``*``; None when nothing matches."""
-    if tool in patterns:
-        return tool
-    best: str | None = None
-    for p in patterns:
-        if p.endswith("*") and tool.startswith(p[:-1]) and (best is None or len(p) > len(best)):
-            best = p
-    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +98,7 @@ def buckets_for(
         out.append(Bucket(f"rate:{token_id}", overall))
     if tool is not None and tool_rates:
         by_pattern = {r.pattern: r for r in tool_rates}
-        chosen = most_specific(list(by_pattern), tool)
+        chosen = most_specific(by_pattern.keys(), tool)
         if chosen is not None:
             out.append(Bucket(f"rate:{token_id}:tool:{chosen}", by_pattern[chosen].spec))
     return tuple(out)

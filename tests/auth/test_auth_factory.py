@@ -8,7 +8,8 @@ import pytest
 
 from satgate_mcp.auth.base import NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import Settings
@@ -51,7 +52,7 @@ def test_an_injected_store_wins() -> None:
     assert auth.revocations is store
 
 
-def test_a_settings_object_that_skipped_validation_still_cannot_start_with_a_short_key() -> None:
+def test_a_settings_object_that_skipped_validation_still_cannot_start_without_a_root_key() -> None:
     settings = Settings.model_construct(auth_mode="header", root_key=None)
     with pytest.raises(ConfigError, match="SATGATE_ROOT_KEY"):
         authenticator_from_settings(settings)

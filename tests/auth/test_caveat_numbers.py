@@ -6,13 +6,8 @@ from typing import Any
 
 import pytest
 
-from satgate_mcp.auth.macaroons import (
-    CAVEAT_NUMBER_LIMIT,
-    _format_number,
-    _parse_number,
-    mint_token,
-    verify_signature,
-)
+from satgate_mcp.auth.caveats import CAVEAT_NUMBER_LIMIT, _format_number, _parse_number
+from satgate_mcp.auth.macaroons import mint_token, verify_signature
 
 ROOT_KEY = "caveat-numbers-root-key-0123456789"
 

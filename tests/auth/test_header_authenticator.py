@@ -10,7 +10,8 @@ import pytest
 
 from satgate_mcp.auth import macaroons
 from satgate_mcp.auth.base import AuthOutcome
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, add_caveats, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore
 
 KEY = "k" * 40
@@ -179,8 +180,3 @@ async def test_store_failure_refuses_without_crashing() -> None:
     result = await auth.authenticate(bearer(mint()))
     assert result.outcome is AuthOutcome.INVALID
     assert result.reason == "revocation check unavailable"
-
-
-def test_short_root_key_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least 32"):
-        MacaroonAuthenticator("short", MemoryRevocationStore())

@@ -5,24 +5,21 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from satgate_mcp.auth.base import Identity
-from satgate_mcp.auth.macaroons import (
+from satgate_mcp.auth.base import Identity, TokenInvalid
+from satgate_mcp.auth.caveats import (
     Caveat,
     PromptsCaveat,
     ResourcesCaveat,
     Restrictions,
-    TokenInvalid,
-    add_caveats,
-    check_name_patterns,
+    check_patterns,
     combine_caveats,
     format_caveat,
-    inspect_token,
-    mint_token,
     parse_caveat,
-    verify_token,
 )
+from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.patterns import PatternKind
 from satgate_mcp.policy.delegation import plan_child
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
@@ -74,9 +71,9 @@ def test_minting_refuses_bad_scope_patterns(patterns: list[str]) -> None:
         mint_token(KEY, "tok", prompts=patterns)
 
 
-def test_check_name_patterns_names_what_is_wrong() -> None:
+def test_check_patterns_names_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="invalid prompt pattern"):
-        check_name_patterns(["a b"], "prompt")
+        check_patterns(["a b"], PatternKind.PROMPT)
 
 
 def test_scope_caveats_intersect_and_repeat_once() -> None:

@@ -16,18 +16,10 @@ import pytest
 from pymacaroons import Macaroon
 from pymacaroons.macaroon import MACAROON_V2
 
-from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator
-from satgate_mcp.auth.macaroons import (
-    MAX_PREDICATE_BYTES,
-    DepthCaveat,
-    MacaroonAuthenticator,
-    TokenInvalid,
-    decode_identifier,
-    mint_token,
-    parse_caveat,
-    split_predicate,
-    verify_signature,
-)
+from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator, TokenInvalid
+from satgate_mcp.auth.caveats import MAX_PREDICATE_BYTES, DepthCaveat, parse_caveat, split_predicate
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import decode_identifier, mint_token, verify_signature
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 
 KEY = "the-gateways-own-root-key-0123456789abcdef"

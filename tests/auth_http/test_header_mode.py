@@ -34,7 +34,8 @@ from structlog.testing import capture_logs
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, add_caveats, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.auth.revocation import FileRevocationStore, RevocationStore
 from satgate_mcp.events import FanoutPublisher, LogPublisher, RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pytest_aiohttp import AiohttpClient
 
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator
+from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy

@@ -23,7 +23,8 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, mint_token, verify_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import mint_token, verify_token
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId

@@ -7,62 +7,15 @@ from typing import Any
 import pytest
 
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.policy.delegation import (
     ChildPlan,
     DelegationRefused,
-    effective_tools,
-    pattern_covers,
-    pattern_intersection,
     plan_child,
 )
 
 NOW = 1_700_000_000.0
-
-
-@pytest.mark.parametrize(
-    ("outer", "inner", "covers"),
-    [
-        pytest.param("*", "anything", True, id="star-covers-names"),
-        pytest.param("*", "*", True, id="star-covers-star"),
-        pytest.param("db_*", "db_read", True, id="prefix-covers-name"),
-        pytest.param("db_*", "db_r*", True, id="prefix-covers-longer-prefix"),
-        pytest.param("db_*", "d*", False, id="prefix-does-not-cover-shorter"),
-        pytest.param("db_*", "*", False, id="prefix-does-not-cover-star"),
-        pytest.param("db_read", "db_read", True, id="name-covers-itself"),
-        pytest.param("db_read", "db_read*", False, id="name-does-not-cover-prefix"),
-        pytest.param("db_read", "db_write", False, id="other-name"),
-    ],
-)
-def test_pattern_covers(outer: str, inner: str, covers: bool) -> None:
-    assert pattern_covers(outer, inner) is covers
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "expected"),
-    [
-        pytest.param("db_*", "db_read", "db_read", id="name-inside-prefix"),
-        pytest.param("db_*", "db_r*", "db_r*", id="nested-prefixes"),
-        pytest.param("a*", "b*", None, id="disjoint-prefixes"),
-        pytest.param("x", "y", None, id="different-names"),
-    ],
-)
-def test_pattern_intersection(a: str, b: str, expected: str | None) -> None:
-    assert pattern_intersection(a, b) == expected
-    assert pattern_intersection(b, a) == expected
-
-
-@pytest.mark.parametrize(
-    ("filters", "expected"),
-    [
-        pytest.param((), None, id="unrestricted"),
-        pytest.param((("a", "b*"),), ("a", "b*"), id="one-caveat"),
-        pytest.param((("db_*", "search"), ("db_read", "search", "other")), ("db_read", "search"), id="intersect"),
-        pytest.param((("a*",), ("b*",)), (), id="nothing-in-common"),
-        pytest.param((("*",), ("x*",), ("x1", "y")), ("x1",), id="three-caveats"),
-    ],
-)
-def test_effective_tools(filters: tuple[tuple[str, ...], ...], expected: tuple[str, ...] | None) -> None:
-    assert effective_tools(filters) == expected
+KEY = "delegation-tests-root-key-0123456789"
 
 
 def parent(**kw: Any) -> Identity:
@@ -130,6 +83,30 @@ def test_plan_refusals(kw: dict[str, Any], params: Any, reason: str) -> None:
     with pytest.raises(DelegationRefused) as info:
         plan_child(parent(**kw), params, now=NOW)
     assert reason in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("pattern", "valid"),
+    [
+        pytest.param("db_read", True, id="name"),
+        pytest.param("ns:v1/db@host.read-only*", True, id="prefix-with-punctuation"),
+        pytest.param("*", True, id="star"),
+        pytest.param("a#b", False, id="hash"),
+        pytest.param("caf\u00e9", False, id="non-ascii"),
+        pytest.param("t" * 257, False, id="longer-than-a-caveat-takes"),
+        pytest.param("a*b", False, id="star-inside"),
+    ],
+)
+def test_attack_delegated_tool_pattern_that_minting_refuses_is_refused_by_the_plan(pattern: str, valid: bool) -> None:
+    """One grammar: what the plan accepts always mints, what it refuses never would."""
+    if valid:
+        assert plan_child(parent(), {"budget": 1, "tools": [pattern]}, now=NOW).tools == (pattern,)
+        assert mint_token(KEY, "child", tools=[pattern], now=NOW)
+    else:
+        with pytest.raises(DelegationRefused, match="invalid tool pattern"):
+            plan_child(parent(), {"budget": 1, "tools": [pattern]}, now=NOW)
+        with pytest.raises(ValueError, match="invalid tool pattern"):
+            mint_token(KEY, "child", tools=[pattern], now=NOW)
 
 
 def test_depth_limit_is_configurable() -> None:

@@ -22,7 +22,8 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Authenticator, AuthResult, NoAuthenticator, StaticTokenAuthenticator
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, add_caveats, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublisher
 from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS

@@ -18,7 +18,8 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Authenticator, AuthOutcome, NoAuthenticator, StaticTokenAuthenticator
-from satgate_mcp.auth.macaroons import MacaroonAuthenticator, mint_token
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.settings import Settings
