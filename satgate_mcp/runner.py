@@ -45,6 +45,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from satgate_mcp.app import create_app
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.exits import ExitCode
 from satgate_mcp.keys import POOL
 from satgate_mcp.settings import Settings
 
@@ -66,10 +67,6 @@ READY_POLL_SECONDS = 0.05
 CHILD_EXIT_WAIT_SECONDS = 3.0
 #: App cleanup (upstream children) gets this long; the orphan guard then kills what is left.
 CLEANUP_TIMEOUT_SECONDS = 10.0
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_CONFIG = 2
 
 SocketSource = Literal["systemd", "bind"]
 DrainReason = Literal["clean", "deadline", "signal"]
@@ -361,8 +358,8 @@ def drain_reason(*, connections: int, now: float, deadline: float, cut_requested
     return None
 
 
-def exit_code(reason: DrainReason) -> int:
-    return EXIT_OK if reason == "clean" else EXIT_FAILURE
+def exit_code(reason: DrainReason) -> ExitCode:
+    return ExitCode.OK if reason == "clean" else ExitCode.FAILED
 
 
 @dataclass
@@ -561,15 +558,15 @@ async def _setup_unless_cut(runner: web.AppRunner, cut: asyncio.Event) -> bool:
 
 async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listeners: list[Listener],
                                settings: Settings, stop: asyncio.Event, cut: asyncio.Event,
-                               notifier: Notifier) -> int:
+                               notifier: Notifier) -> ExitCode:
     loop = asyncio.get_running_loop()
     if not await _setup_unless_cut(runner, cut):
         log.warning("startup_abandoned")
-        return EXIT_FAILURE
+        return ExitCode.FAILED
     ready = await _wait_ready(runner.app, stop, READY_WAIT_SECONDS)
     if stop.is_set():
         log.info("stopped_during_startup")
-        return EXIT_OK
+        return ExitCode.OK
     sites = [web.SockSite(runner, lst.sock, backlog=BACKLOG) for lst in listeners]
     for site in sites:
         await site.start()
@@ -605,7 +602,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listen
     return exit_code(report.reason)
 
 
-async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> int:
+async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> ExitCode:
     """Serve until a signal, drain, clean up; return the process exit code."""
     loop = asyncio.get_running_loop()
     try:
@@ -614,7 +611,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         listeners = acquire_listeners(settings, environ, pid)
     except ListenError as exc:
         log.error("listen_failed", error=str(exc))
-        return EXIT_FAILURE
+        return ExitCode.FAILED
     notifier = Notifier.from_environ(environ)
     stop, cut = asyncio.Event(), asyncio.Event()
 
@@ -638,10 +635,10 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         code = await _serve_until_stopped(runner, state, listeners, settings, stop, cut, notifier)
     except ConfigError as exc:
         log.error("startup_failed", error=str(exc))
-        code = EXIT_CONFIG
+        code = ExitCode.CONFIG
     except Exception:
         log.exception("runner_failed")
-        code = EXIT_FAILURE
+        code = ExitCode.FAILED
     finally:
         if runner is not None:
             # Remaining connections, then cleanup_ctx: the upstream children stop here.
@@ -657,9 +654,8 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     return code
 
 
-def serve(settings: Settings) -> None:
-    """Run the daemon until SIGTERM/SIGINT; exit non-zero when something was cut or it could not start."""
+def serve(settings: Settings) -> ExitCode:
+    """Run the daemon until SIGTERM/SIGINT; not OK when something was cut or it could not start."""
     code = asyncio.run(run(settings, environ=os.environ, pid=os.getpid()))
     terminate_leftover_children(os.getpid())
-    if code != EXIT_OK:
-        raise SystemExit(code)
+    return code
