@@ -160,8 +160,8 @@ def cmd_serve(args: argparse.Namespace) -> ExitCode:
     except SettingsError as exc:
         print(format_settings_error(exc), file=sys.stderr)
         return ExitCode.CONFIG
+    from satgate_mcp.daemon.runner import serve  # heavy (the aiohttp app): imported only to serve
     from satgate_mcp.logs import configure_logging
-    from satgate_mcp.runner import serve  # heavy (the aiohttp app): imported only to serve
 
     configure_logging(settings)
     try:

@@ -145,9 +145,9 @@ def test_serve_handover_comes_from_the_flag_or_the_environment(
         seen.append(settings)
         return ExitCode.OK
 
-    runner = types.ModuleType("satgate_mcp.runner")
+    runner = types.ModuleType("satgate_mcp.daemon.runner")
     runner.serve = serve  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.runner", runner)
+    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
     import satgate_mcp.logs
 
     no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
@@ -167,9 +167,9 @@ def test_serve_loads_the_config_file_then_logging_then_the_runner(
         calls.append(("serve", settings))
         return ExitCode.OK
 
-    runner = types.ModuleType("satgate_mcp.runner")
+    runner = types.ModuleType("satgate_mcp.daemon.runner")
     runner.serve = serve  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.runner", runner)
+    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
     import satgate_mcp.logs
 
     no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: calls.append(("logging", s)))
