@@ -25,15 +25,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 import structlog
 from aiohttp import web
 
 from satgate_mcp.app import create_app
 from satgate_mcp.daemon.children import terminate_leftover_children
-from satgate_mcp.daemon.drain import DrainState, connection_idle, drain, exit_code
+from satgate_mcp.daemon.drain import ConnectionTracker, Sleep, drain, exit_code, first_of
 from satgate_mcp.daemon.notify import Notifier
 from satgate_mcp.daemon.sockets import Listener, ListenError, acquire_listeners, stop_listening
 from satgate_mcp.errors import ConfigError
@@ -69,14 +68,17 @@ class _GatewayRunner(web.AppRunner):
             await self.app.shutdown()
 
 
-async def _wait_ready(app: web.Application, stop: asyncio.Event, timeout: float) -> bool:
-    """Until every upstream is initialized (what ``/readyz`` reports), bounded; False if not in time."""
-    pool, deadline = app[POOL], time.monotonic() + timeout
+async def _wait_ready(app: web.Application, stop: asyncio.Event, timeout: float, *,
+                      clock: Callable[[], float], sleep: Sleep = asyncio.sleep) -> bool:
+    """Until every upstream is initialized (what ``/readyz`` reports), bounded; False if not in time.
+
+    Readiness has no event of its own, so it is looked at every ``READY_POLL_SECONDS`` of ``clock``.
+    """
+    pool, deadline = app[POOL], clock() + timeout
     while not all(pool.readiness().values()):
-        if stop.is_set() or time.monotonic() >= deadline:
+        if stop.is_set() or clock() >= deadline:
             return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), READY_POLL_SECONDS)
+        await first_of(stop.wait(), sleep(READY_POLL_SECONDS))
     return True
 
 
@@ -101,14 +103,13 @@ async def _setup_unless_cut(runner: web.AppRunner, cut: asyncio.Event) -> bool:
     return True
 
 
-async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listeners: list[Listener],
+async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracker, listeners: list[Listener],
                                settings: Settings, stop: asyncio.Event, cut: asyncio.Event,
-                               notifier: Notifier) -> ExitCode:
-    loop = asyncio.get_running_loop()
+                               notifier: Notifier, clock: Callable[[], float]) -> ExitCode:
     if not await _setup_unless_cut(runner, cut):
         log.warning("startup_abandoned")
         return ExitCode.FAILED
-    ready = await _wait_ready(runner.app, stop, READY_WAIT_SECONDS)
+    ready = await _wait_ready(runner.app, stop, READY_WAIT_SECONDS, clock=clock)
     if stop.is_set():
         log.info("stopped_during_startup")
         return ExitCode.OK
@@ -123,21 +124,21 @@ async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listen
     notifier.send("READY=1")
 
     await stop.wait()
-    deadline = loop.time() + settings.drain_seconds
+    deadline = clock() + settings.drain_seconds
     notifier.send("STOPPING=1")
     server = runner.server
     assert server is not None
     adopted = await stop_listening(sites, listeners, server)
-    state.draining = True
+    tracker.draining = True
     conns = server.connections
-    log.info("drain_started", connections=len(conns), in_flight=sum(not connection_idle(c) for c in conns),
+    log.info("drain_started", connections=len(conns), in_flight=sum(tracker.busy(c) for c in conns),
              adopted=adopted)
     # on_shutdown ends long-lived streams, before the wait, as aiohttp orders it; within the deadline.
     try:
-        await asyncio.wait_for(runner.shutdown(), max(0.0, deadline - loop.time()))
+        await asyncio.wait_for(runner.shutdown(), max(0.0, deadline - clock()))
     except TimeoutError:
         log.warning("on_shutdown_timeout")
-    report = await drain(server, state, deadline=deadline, cut=cut, clock=loop.time, adopted=adopted)
+    report = await drain(server, tracker, deadline=deadline, cut=cut, clock=clock, adopted=adopted)
     fields = {"reason": report.reason, "drained": report.drained, "cut": report.cut,
               "closed_idle": report.closed_idle, "adopted": report.adopted, "seconds": report.seconds}
     if report.reason == "clean":
@@ -150,6 +151,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, state: DrainState, listen
 async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> ExitCode:
     """Serve until a signal, drain, clean up; return the process exit code."""
     loop = asyncio.get_running_loop()
+    clock = loop.time  # what asyncio's own timeouts count in
     try:
         # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
         # configuration error: it propagates to the CLI, which prints its one line and exits 2.
@@ -173,11 +175,13 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         loop.add_signal_handler(signum, on_signal, signum.name)
     runner: _GatewayRunner | None = None
     try:
-        state = DrainState()
+        tracker = ConnectionTracker(clock)
         app = create_app(settings)
-        app.on_response_prepare.append(state.on_response_prepare)
+        # Outermost, so a request counts as busy until every other middleware is done with its response.
+        app.middlewares.insert(0, tracker.middleware)
+        app.on_response_prepare.append(tracker.on_response_prepare)
         runner = _GatewayRunner(app)
-        code = await _serve_until_stopped(runner, state, listeners, settings, stop, cut, notifier)
+        code = await _serve_until_stopped(runner, tracker, listeners, settings, stop, cut, notifier, clock)
     except ConfigError as exc:
         log.error("startup_failed", error=str(exc))
         code = ExitCode.CONFIG
@@ -195,7 +199,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
             lst.sock.close()
         for signum in signums:
             loop.remove_signal_handler(signum)
-    log.info("stopped", exit_code=code)
+    log.info("stopped", exit_code=int(code))
     return code
 
 

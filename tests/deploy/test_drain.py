@@ -9,12 +9,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from satgate_mcp.daemon import drain as drain_module
 from satgate_mcp.daemon import sockets
-from satgate_mcp.daemon.drain import DrainReason, DrainState, drain, drain_reason, exit_code, idle_expired
-from satgate_mcp.daemon.sockets import (
-    bind_socket,
+from satgate_mcp.daemon.drain import (
+    ConnectionTracker,
+    DrainReason,
+    drain,
+    drain_reason,
+    exit_code,
+    idle_expired,
+    next_look,
 )
+from satgate_mcp.daemon.sockets import bind_socket
+from tests.deploy.clocks import SteppingClock, never
 
 
 @pytest.mark.parametrize(
@@ -49,50 +55,81 @@ def test_drain_reason(connections: int, now: float, cut: bool, expected: str | N
 def test_exit_code_is_zero_only_for_a_clean_drain(reason: DrainReason, code: int) -> None:
     assert exit_code(reason) == code
 
+
+@pytest.mark.parametrize(
+    ("idle_since", "expected"),
+    [
+        pytest.param([], 5.0, id="only-busy-connections-wait-for-the-deadline"),
+        pytest.param([1.0, 2.5], 2.0, id="the-first-grace-to-run-out"),
+        pytest.param([4.5], 5.0, id="the-deadline-comes-before-the-grace"),
+    ],
+)
+def test_the_drain_looks_again_when_a_grace_runs_out_or_at_the_deadline(
+    idle_since: list[float], expected: float
+) -> None:
+    assert next_look(deadline=5.0, idle_since=idle_since, grace=1.0) == expected
+
+
 # ---------------------------------------------------------------- drain, in-process
 
 
 class Served:
-    def __init__(self, server: web.Server, runner: web.AppRunner, site: web.SockSite,
-                 listener: sockets.Listener, release: asyncio.Event, entered: asyncio.Event) -> None:
+    def __init__(self, server: web.Server, runner: web.AppRunner, site: web.SockSite, listener: sockets.Listener,
+                 tracker: ConnectionTracker, clock: SteppingClock) -> None:
         self.server, self.runner, self.site, self.listener = server, runner, site, listener
-        self.release, self.entered = release, entered
-        self.state = DrainState()
+        self.tracker, self.clock = tracker, clock
+        self.release, self.entered = asyncio.Event(), asyncio.Event()  # /slow
+        self.streaming, self.finish_stream = asyncio.Event(), asyncio.Event()  # /stream
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.listener.port}"
 
+    async def stop_listening(self) -> int:
+        adopted = await sockets.stop_listening([self.site], [self.listener], self.server)
+        self.tracker.draining = True
+        return adopted
+
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    release, entered = asyncio.Event(), asyncio.Event()
-
     async def slow(request: web.Request) -> web.Response:
-        entered.set()
-        await release.wait()
+        result.entered.set()
+        await result.release.wait()
         return web.Response(text="slow done")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: first\n\n")
+        result.streaming.set()
+        await result.finish_stream.wait()
+        await response.write(b"data: last\n\n")
+        await response.write_eof()
+        return response
 
     async def fast(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app = web.Application()
+    clock = SteppingClock()
+    tracker = ConnectionTracker(clock)
+    app = web.Application(middlewares=[tracker.middleware])
     app.router.add_get("/slow", slow)
     app.router.add_get("/fast", fast)
-    state = DrainState()
-    app.on_response_prepare.append(state.on_response_prepare)
+    app.router.add_get("/stream", stream)
+    app.on_response_prepare.append(tracker.on_response_prepare)
     app_runner = web.AppRunner(app, shutdown_timeout=0.5)
     await app_runner.setup()
     listener = bind_socket("127.0.0.1", 0, reuse_port=True)
     site = web.SockSite(app_runner, listener.sock)
     await site.start()
     assert app_runner.server is not None
-    result = Served(app_runner.server, app_runner, site, listener, release, entered)
-    result.state = state
+    result = Served(app_runner.server, app_runner, site, listener, tracker, clock)
     try:
         yield result
     finally:
-        release.set()
+        result.release.set()
+        result.finish_stream.set()
         await app_runner.cleanup()
         listener.sock.close()
 
@@ -101,11 +138,9 @@ async def test_drain_finishes_the_request_in_flight_and_tells_the_client_to_reco
     async with aiohttp.ClientSession() as client:
         call = asyncio.create_task(client.get(served.url + "/slow"))
         await asyncio.wait_for(served.entered.wait(), 5)
-        adopted = await sockets.stop_listening([served.site], [served.listener], served.server)
-        served.state.draining = True
-        loop = asyncio.get_running_loop()
-        draining = asyncio.create_task(drain(served.server, served.state, deadline=loop.time() + 5,
-                                             cut=asyncio.Event(), clock=loop.time))
+        adopted = await served.stop_listening()
+        draining = asyncio.create_task(drain(served.server, served.tracker, deadline=served.clock() + 5,
+                                             cut=asyncio.Event(), clock=served.clock, sleep=never))
         served.release.set()
         response = await asyncio.wait_for(call, 5)
         assert (response.status, await response.text()) == (200, "slow done")
@@ -117,19 +152,32 @@ async def test_drain_finishes_the_request_in_flight_and_tells_the_client_to_reco
             await fresh.get(served.url + "/fast")
 
 
-async def test_idle_keep_alive_connection_is_served_during_grace_then_closed(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(drain_module, "IDLE_GRACE_SECONDS", 0.3)
+async def test_a_streamed_answer_keeps_its_connection_busy_until_it_is_finished(served: Served) -> None:
+    """Busy is the whole response, not its headers: a stream in progress is never closed as idle."""
+    async with aiohttp.ClientSession() as client:
+        answer = await client.get(served.url + "/stream")
+        await asyncio.wait_for(served.streaming.wait(), 5)
+        await served.stop_listening()
+        draining = asyncio.create_task(drain(served.server, served.tracker, deadline=served.clock() + 5,
+                                             cut=asyncio.Event(), clock=served.clock, sleep=never, idle_grace=0.0))
+        for _ in range(10):
+            await asyncio.sleep(0)  # turns of the loop: an idle connection would be closed in the first
+        assert not draining.done(), "a connection streaming an answer is busy, whatever the grace"
+        served.finish_stream.set()
+        assert await asyncio.wait_for(answer.read(), 5) == b"data: first\n\ndata: last\n\n"
+        report = await asyncio.wait_for(draining, 5)
+    assert (report.reason, report.in_flight_at_start, report.drained, report.cut) == ("clean", 1, 1, 0)
+
+
+async def test_idle_keep_alive_connection_is_served_during_grace_then_closed(served: Served) -> None:
     async with aiohttp.ClientSession() as client:
         first = await client.get(served.url + "/fast")
         assert first.headers.get("Connection") != "close"
         await first.read()
-        await sockets.stop_listening([served.site], [served.listener], served.server)
-        served.state.draining = True
-        loop = asyncio.get_running_loop()
-        draining = asyncio.create_task(drain(served.server, served.state, deadline=loop.time() + 5,
-                                             cut=asyncio.Event(), clock=loop.time))
+        await served.stop_listening()
+        # The clock stands still: the grace never runs out while the client comes back.
+        draining = asyncio.create_task(drain(served.server, served.tracker, deadline=served.clock() + 5,
+                                             cut=asyncio.Event(), clock=served.clock, sleep=never))
         # The client reuses its idle connection right after the drain began: it is served, not reset.
         again = await client.get(served.url + "/fast")
         assert (again.status, again.headers["Connection"]) == (200, "close")
@@ -137,16 +185,13 @@ async def test_idle_keep_alive_connection_is_served_during_grace_then_closed(
     assert (report.reason, report.idle_at_start, report.drained) == ("clean", 1, 1)
 
 
-async def test_idle_connection_that_stays_idle_is_closed_after_the_grace(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(drain_module, "IDLE_GRACE_SECONDS", 0.2)
+async def test_idle_connection_that_stays_idle_is_closed_after_the_grace(served: Served) -> None:
     async with aiohttp.ClientSession() as client:
         await (await client.get(served.url + "/fast")).read()
         await sockets.stop_listening([served.site], [served.listener], served.server)
-        loop = asyncio.get_running_loop()
-        report = await asyncio.wait_for(drain(served.server, served.state, deadline=loop.time() + 5,
-                                              cut=asyncio.Event(), clock=loop.time), 5)
+        report = await asyncio.wait_for(drain(served.server, served.tracker, deadline=served.clock() + 5,
+                                              cut=asyncio.Event(), clock=served.clock, sleep=served.clock.sleep,
+                                              idle_grace=0.2), 5)
     assert (report.reason, report.closed_idle, report.cut) == ("clean", 1, 0)
     assert report.seconds >= 0.2
 
@@ -157,12 +202,11 @@ async def test_deadline_or_second_signal_cuts_and_counts_what_is_left(served: Se
         call = asyncio.create_task(client.get(served.url + "/slow"))
         await asyncio.wait_for(served.entered.wait(), 5)
         await sockets.stop_listening([served.site], [served.listener], served.server)
-        loop = asyncio.get_running_loop()
         cut = asyncio.Event()
         if by == "signal":
             cut.set()
-        report = await asyncio.wait_for(drain(served.server, served.state, deadline=loop.time() + 0.2,
-                                              cut=cut, clock=loop.time), 5)
+        report = await asyncio.wait_for(drain(served.server, served.tracker, deadline=served.clock() + 0.2,
+                                              cut=cut, clock=served.clock, sleep=served.clock.sleep), 5)
         assert (report.reason, report.cut, report.drained) == (by, 1, 0)
         await served.runner.cleanup()
         with pytest.raises(aiohttp.ClientError):

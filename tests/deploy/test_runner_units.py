@@ -18,6 +18,7 @@ from satgate_mcp.daemon import runner
 from satgate_mcp.daemon.notify import Notifier
 from satgate_mcp.dispatch import Pool
 from satgate_mcp.keys import POOL
+from tests.deploy.clocks import SteppingClock
 
 
 @pytest.mark.parametrize("abstract", [pytest.param(False, id="path"), pytest.param(True, id="abstract")])
@@ -64,8 +65,9 @@ def app_with(pool: TogglePool) -> web.Application:
 
 
 async def test_listening_waits_for_upstreams_to_be_ready() -> None:
-    pool = TogglePool()
-    waiting = asyncio.create_task(runner._wait_ready(app_with(pool), asyncio.Event(), timeout=5))
+    pool, clock = TogglePool(), SteppingClock()
+    waiting = asyncio.create_task(runner._wait_ready(app_with(pool), asyncio.Event(), timeout=5, clock=clock,
+                                                     sleep=clock.sleep))
     await asyncio.sleep(0)
     assert not waiting.done()
     pool.ready = True
@@ -77,4 +79,9 @@ async def test_waiting_for_readiness_is_bounded(stopped: bool) -> None:
     stop = asyncio.Event()
     if stopped:
         stop.set()
-    assert await asyncio.wait_for(runner._wait_ready(app_with(TogglePool()), stop, timeout=0.1), 5) is False
+    clock = SteppingClock()
+    started = clock()
+    ready = await asyncio.wait_for(runner._wait_ready(app_with(TogglePool()), stop, timeout=0.1, clock=clock,
+                                                      sleep=clock.sleep), 5)
+    assert ready is False
+    assert clock() - started <= (0.0 if stopped else 0.1 + runner.READY_POLL_SECONDS), "one look late at most"
