@@ -203,8 +203,18 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     return code
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (a dependency except on Windows), else asyncio's own (None)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def serve(settings: Settings) -> ExitCode:
     """Run the daemon until SIGTERM/SIGINT; not OK when something was cut or it could not start."""
-    code = asyncio.run(run(settings, environ=os.environ, pid=os.getpid()))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as loop:
+        code = loop.run(run(settings, environ=os.environ, pid=os.getpid()))
     terminate_leftover_children(os.getpid())
     return code

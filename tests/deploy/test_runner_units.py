@@ -85,3 +85,13 @@ async def test_waiting_for_readiness_is_bounded(stopped: bool) -> None:
                                                       sleep=clock.sleep), 5)
     assert ready is False
     assert clock() - started <= (0.0 if stopped else 0.1 + runner.READY_POLL_SECONDS), "one look late at most"
+
+
+@pytest.mark.parametrize("installed", [pytest.param(True, id="uvloop-installed"),
+                                       pytest.param(False, id="asyncio-fallback")])
+def test_the_daemon_runs_on_uvloop_when_it_is_installed(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    import uvloop
+
+    if not installed:
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a missing package does
+    assert runner.event_loop_factory() is (uvloop.new_event_loop if installed else None)
