@@ -13,6 +13,7 @@ from typing import cast
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from satgate_mcp.daemon import runner
 from satgate_mcp.daemon.notify import Notifier
@@ -33,8 +34,13 @@ def test_notifier_speaks_sd_notify_and_hides_the_socket_from_children(tmp_path: 
         assert "NOTIFY_SOCKET" not in environ
 
 
-def test_notifier_without_socket_is_silent() -> None:
-    Notifier.from_environ({}).send("READY=1")
+@pytest.mark.parametrize("environ", [pytest.param({}, id="no-notify-socket"),
+                                     pytest.param({"NOTIFY_SOCKET": "vsock:2:1234"}, id="vsock-not-for-us")])
+def test_notifier_without_socket_is_silent(environ: dict[str, str]) -> None:
+    notifier = Notifier.from_environ(environ)
+    with capture_logs() as logs:
+        notifier.send("READY=1")
+    assert (notifier.address, logs) == (None, []), "nothing sent, nothing logged, nothing raised"
 
 
 def test_orphan_guard_terminates_children_left_behind() -> None:
