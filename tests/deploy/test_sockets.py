@@ -236,12 +236,10 @@ def test_inherited_listening_socket_is_adopted_and_environment_cleared() -> None
     fd = os.dup(sock.fileno())
     sock.close()
     environ = {"LISTEN_PID": str(PID), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "web", "KEEP": "1"}
-    try:
-        listener = sockets.adopt_fd(InheritedFd(fd, "web"))
+    listener = sockets.adopt_fd(InheritedFd(fd, "web"))
+    with listener.sock:
         assert (listener.source, listener.name, listener.host) == ("systemd", "web", "127.0.0.1")
         assert not os.get_inheritable(fd)
-    finally:
-        os.close(fd)
     sockets.clear_listen_env(environ)
     assert environ == {"KEEP": "1"}
 
