@@ -14,7 +14,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,24 +64,23 @@ def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
     return code
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str, *, expected: str, rule: str, ok: Callable[[float], bool]) -> float:
+    """A finite number the flag's rule accepts, or the argparse error that names what was wrong."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, expected="a number of seconds", rule="a positive number", ok=lambda v: v > 0)
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
+    return _number(text, expected="a number", rule="a number >= 0", ok=lambda v: v >= 0)
 
 
 def split_patterns(text: str) -> list[str]:
