@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -23,6 +22,7 @@ from satgate_mcp.daemon.sockets import (
     unauthenticated_exposure,
 )
 from satgate_mcp.settings import Settings
+from tests.deploy.harness import tcp_states
 
 PID = 4242
 
@@ -187,7 +187,7 @@ def test_someone_listens_ignores_a_bound_socket_that_does_not_listen_and_time_wa
     accepted.close()  # the server side closes first: its end of the connection stays in TIME_WAIT
     client.close()
     server.close()
-    assert _tcp_states(port) - {"LISTEN"}, "premise: a connection on the port outlives its listener"
+    assert tcp_states(port) - {"LISTEN"}, "premise: a connection on the port outlives its listener"
     assert not someone_listens(socket.AF_INET, ("127.0.0.1", port), dual_stack=False)
     with socket.socket() as bound:
         bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -196,17 +196,6 @@ def test_someone_listens_ignores_a_bound_socket_that_does_not_listen_and_time_wa
         assert not someone_listens(socket.AF_INET, ("127.0.0.1", port), dual_stack=False)
 
 
-_TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "0A": "LISTEN"}
-
-
-def _tcp_states(port: int) -> set[str]:
-    """States of the IPv4 sockets on ``port`` (Linux /proc/net/tcp), to check a test's premise."""
-    states = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].rsplit(":", 1)[1], 16) == port:
-            states.add(_TCP_STATES.get(fields[3], fields[3]))
-    return states
 
 
 def test_without_reuse_port_a_taken_port_fails_with_one_clear_line() -> None:
