@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import inspect
 import json
 import math
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,12 +30,10 @@ from satgate_mcp.auth.revocation import (
     revocation_store_from_settings,
 )
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings
 
 PROG = "satgate-mcp"
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 class TokenSettings(BaseSettings):
@@ -64,29 +60,28 @@ def format_settings_error(exc: SettingsError) -> str:
     return f"invalid {var}: must be valid JSON{detail}"
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
+def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
     print(f"{PROG}: {message}", file=sys.stderr)
     return code
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str, *, expected: str, rule: str, ok: Callable[[float], bool]) -> float:
+    """A finite number the flag's rule accepts, or the argparse error that names what was wrong."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, expected="a number of seconds", rule="a positive number", ok=lambda v: v > 0)
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
+    return _number(text, expected="a number", rule="a number >= 0", ok=lambda v: v >= 0)
 
 
 def split_patterns(text: str) -> list[str]:
@@ -154,30 +149,27 @@ def _token_settings(config: Path | None) -> TokenSettings:
     return TokenSettings()
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace) -> ExitCode:
     if problem := _missing_config(args.config):
         return _fail(problem)
     try:
         settings = load_settings(args.config, **({"handover": True} if args.handover else {}))
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.CONFIG
     except SettingsError as exc:
         print(format_settings_error(exc), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.CONFIG
+    from satgate_mcp.daemon.runner import serve  # heavy (the aiohttp app): imported only to serve
     from satgate_mcp.logs import configure_logging
 
-    runner = importlib.import_module("satgate_mcp.runner")  # heavy (aiohttp app); only needed to serve
     configure_logging(settings)
     try:
-        result: Any = runner.serve(settings)
-        if inspect.iscoroutine(result):
-            result = asyncio.run(result)
+        return serve(settings)
     except ConfigError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
-        return 130
-    return result if isinstance(result, int) else EXIT_OK
+        return ExitCode.INTERRUPTED
 
 
 def _root_key(settings: TokenSettings) -> str | None:
@@ -201,7 +193,7 @@ def scope_patterns(args: argparse.Namespace) -> Scopes | str:
     return Scopes(*lists)
 
 
-def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> int:
+def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
     key = _root_key(settings)
     if not key:
         return _fail(f"SATGATE_ROOT_KEY is not set; token mint needs it (at least {MIN_ROOT_KEY_LENGTH} characters)")
@@ -219,14 +211,14 @@ def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     print(token)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _read_token(arg: str) -> str:
     return sys.stdin.read().strip() if arg == "-" else arg.strip()
 
 
-def cmd_narrow(args: argparse.Namespace) -> int:
+def cmd_narrow(args: argparse.Namespace) -> ExitCode:
     scopes = scope_patterns(args)
     if isinstance(scopes, str):
         return _fail(scopes)
@@ -236,11 +228,11 @@ def cmd_narrow(args: argparse.Namespace) -> int:
         narrowed = add_caveats(_read_token(args.token), ttl=args.ttl, budget_limit=args.budget_limit,
                                tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts)
     except TokenError as exc:
-        return _fail(f"not a satgate token: {exc.reason}", EXIT_FAILED)
+        return _fail(f"not a satgate token: {exc.reason}", ExitCode.FAILED)
     except ValueError as exc:
         return _fail(str(exc))
     print(narrowed)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 async def _revoked_in_store(settings: TokenSettings, ids: Sequence[str]) -> bool:
@@ -254,13 +246,13 @@ async def _revoked_in_store(settings: TokenSettings, ids: Sequence[str]) -> bool
         await store.aclose()
 
 
-def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> int:
+def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
     token = _read_token(args.token)
     now = time.time()
     try:
         info = inspect_token(token, now=now)
     except TokenError as exc:
-        return _fail(f"not a satgate token: {exc.reason}", EXIT_FAILED)
+        return _fail(f"not a satgate token: {exc.reason}", ExitCode.FAILED)
     key = _root_key(settings)
     info["verified"], info["reason"] = None, "SATGATE_ROOT_KEY not set"
     if key:
@@ -276,7 +268,7 @@ def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> int:
         except Exception as exc:  # a down store must not hide the rest of the answer
             info["revocation_error"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps(info, indent=2))
-    return EXIT_FAILED if info["verified"] is False or info["revoked"] else EXIT_OK
+    return ExitCode.FAILED if info["verified"] is False or info["revoked"] else ExitCode.OK
 
 
 async def _revoke(settings: TokenSettings, token_id: str) -> None:
@@ -287,7 +279,7 @@ async def _revoke(settings: TokenSettings, token_id: str) -> None:
         await store.aclose()
 
 
-def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> int:
+def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
     try:
         token_id = check_token_id(args.token_id)
     except ValueError as exc:
@@ -297,9 +289,9 @@ def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> int:
     try:
         asyncio.run(_revoke(settings, token_id))
     except Exception as exc:  # OSError, a Redis error: say what, no traceback
-        return _fail(f"could not revoke {token_id}: {type(exc).__name__}: {exc}", EXIT_FAILED)
+        return _fail(f"could not revoke {token_id}: {type(exc).__name__}: {exc}", ExitCode.FAILED)
     print(f"revoked {token_id}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,6 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _token_settings(args.config)
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.CONFIG
     handlers = {"mint": cmd_mint, "inspect": cmd_inspect, "revoke": cmd_revoke}
     return handlers[args.token_command](args, settings)

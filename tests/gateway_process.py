@@ -25,7 +25,7 @@ import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from satgate_mcp.runner import child_pids
+from satgate_mcp.daemon.children import child_pids
 from tests.conftest import upstream_command
 
 __all__ = [

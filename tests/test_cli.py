@@ -15,6 +15,7 @@ import pytest
 
 from satgate_mcp import cli
 from satgate_mcp.auth.macaroons import verify_token
+from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import Settings
 
 KEY = "r" * 40
@@ -139,9 +140,14 @@ def test_serve_handover_comes_from_the_flag_or_the_environment(
     for name, value in env.items():
         no_satgate_env.setenv(name, value)
     seen: list[Settings] = []
-    runner = types.ModuleType("satgate_mcp.runner")
-    runner.serve = seen.append  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.runner", runner)
+
+    def serve(settings: Settings) -> ExitCode:
+        seen.append(settings)
+        return ExitCode.OK
+
+    runner = types.ModuleType("satgate_mcp.daemon.runner")
+    runner.serve = serve  # type: ignore[attr-defined]
+    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
     import satgate_mcp.logs
 
     no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
@@ -156,9 +162,14 @@ def test_serve_loads_the_config_file_then_logging_then_the_runner(
     config.write_text("SATGATE_PORT=9200\nSATGATE_LOG_LEVEL=debug\n")
     no_satgate_env.setenv("SATGATE_PORT", "9300")  # the environment wins over the file
     calls: list[tuple[str, Any]] = []
-    runner = types.ModuleType("satgate_mcp.runner")
-    runner.serve = lambda settings: calls.append(("serve", settings))  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.runner", runner)
+
+    def serve(settings: Settings) -> ExitCode:
+        calls.append(("serve", settings))
+        return ExitCode.OK
+
+    runner = types.ModuleType("satgate_mcp.daemon.runner")
+    runner.serve = serve  # type: ignore[attr-defined]
+    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
     import satgate_mcp.logs
 
     no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: calls.append(("logging", s)))

@@ -2,8 +2,8 @@
 
 The gateway is the real app (``create_app``) with the real ``MacaroonAuthenticator`` built from settings by
 ``authenticator_from_settings``; only the upstream pool and the policy are in-process fakes. The
-authenticator's wall clock is a ``FakeClock`` (token expiry), except in the revocation-latency tests,
-which measure real time against a real revocation file.
+authenticator's wall clock is a ``FakeClock`` (token expiry); the revocation-latency tests move the
+revocation store's clock by hand against a real revocation file.
 
 Every refusal is checked for what it must not do as well: create a session, forward a call, or repeat
 the bearer in the answer, in a log line or in an event.
@@ -55,7 +55,7 @@ TOOLS = ["echo", "db_read", "db_write", "search", "secret_tool"]
 SSE_ACCEPT = "application/json, text/event-stream"
 #: The issue's promise: a revocation reaches a live session within this many seconds.
 REVOCATION_LATENCY = 1.0
-#: Pause between polls while waiting for a file-backed revocation (the property under test is timing).
+#: Time that passes between two calls while a file-backed revocation is on its way.
 POLL_PAUSE = 0.02
 CLI_TIMEOUT = 20.0
 #: Bound on waiting for something the gateway sends on its own (an SSE event).
@@ -559,7 +559,8 @@ async def test_a_revocation_written_to_the_file_refuses_a_live_session_within_on
 ) -> None:
     path = tmp_path / "revoked"
     path.write_text("# one revoked token id per line\nsomebody-else\n")
-    gw = await start(revocation_file=path, clock=time.time)  # the real store, the real clock
+    store_clock = FakeClock()  # the daemon's store on a clock the test moves: the file is real, time is not
+    gw = await start(revocations=FileRevocationStore(path, clock=store_clock))
     if session_token_id == "child-1":
         token = mint_token(KEY, "child-1", parent_id="lead", ancestors=("root",))
     else:
@@ -573,8 +574,7 @@ async def test_a_revocation_written_to_the_file_refuses_a_live_session_within_on
         await revoke_by_cli(path, revoked_id)
     else:
         await asyncio.to_thread(append_line, path, revoked_id)
-    # The file's mtime is when the line landed (the kernel's coarse clock never runs ahead of time.time()).
-    appended_at = path.stat().st_mtime_ns / 1e9
+    appended_at = store_clock()
     assert revoked_id in path.read_text().split()
     forwarded_before = len(gw.pool.calls)
 
@@ -582,11 +582,11 @@ async def test_a_revocation_written_to_the_file_refuses_a_live_session_within_on
     while True:
         request_id += 1
         answer = await gw.post(call_tool(request_id, "echo"), token=token, session=session)
-        answered_at = time.time()
+        answered_at = store_clock()
         if answer.status != 200:
             break
         assert answered_at - appended_at < REVOCATION_LATENCY, "still served a second after the revocation"
-        await asyncio.sleep(POLL_PAUSE)
+        store_clock.advance(POLL_PAUSE)
 
     assert answered_at - appended_at < REVOCATION_LATENCY
     assert_refused(answer, 403, "token_revoked", request_id=request_id, oauth=False)

@@ -16,13 +16,13 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from satgate_mcp.auth.macaroons import mint_token
 from tests.conftest import pid_alive as pid_alive  # re-exported for the restart tests
@@ -204,7 +204,8 @@ class LoopStats:
 @contextlib.asynccontextmanager
 async def mcp_session(url: str, bearer: str) -> AsyncIterator[ClientSession]:
     """The official SDK client over Streamable HTTP, as an agent would connect."""
-    client: httpx2.AsyncClient = create_mcp_http_client(headers={"Authorization": f"Bearer {bearer}"})
+    # The SDK's own client settings: 30 s to connect and write, 300 s to read (an SSE stream stays open).
+    client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}, timeout=httpx2.Timeout(30.0, read=300.0))
     async with client, streamable_http_client(url, http_client=client) as (read, write), \
             ClientSession(read, write) as session:
         await session.initialize()
@@ -259,3 +260,17 @@ async def run_until(stop: asyncio.Event, *loops: Awaitable[None]) -> Callable[[]
         await asyncio.wait_for(asyncio.gather(*tasks), 15)
 
     return finish
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "08": "CLOSE_WAIT",
+               "0A": "LISTEN"}
+
+
+def tcp_states(port: int) -> set[str]:
+    """States of the IPv4 sockets on ``port`` (Linux /proc/net/tcp), to check a test's premise."""
+    states = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            states.add(_TCP_STATES.get(fields[3], fields[3]))
+    return states

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from satgate_mcp.runner import unauthenticated_exposure
+from satgate_mcp.daemon.sockets import unauthenticated_exposure
 from satgate_mcp.settings import ENV_PREFIX, Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]

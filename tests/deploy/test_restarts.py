@@ -35,6 +35,7 @@ from tests.deploy.harness import (
     pid_alive,
     run_until,
     sdk_call_loop,
+    tcp_states,
     token,
 )
 from tests.gateway_process import base_env
@@ -180,20 +181,6 @@ async def test_after_the_old_gateway_was_killed_a_plain_start_takes_the_port(gat
     assert await healthz(port) == 200
     new.signal(signal.SIGTERM)
     await assert_clean_exit(new)
-
-
-_TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "08": "CLOSE_WAIT",
-               "0A": "LISTEN"}
-
-
-def tcp_states(port: int) -> set[str]:
-    """States of the IPv4 sockets on ``port`` (Linux /proc/net/tcp), to check a test's premise."""
-    states = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].rsplit(":", 1)[1], 16) == port:
-            states.add(_TCP_STATES.get(fields[3], fields[3]))
-    return states
 
 
 async def test_none_auth_on_a_public_address_starts_with_the_opt_in(gateways: Gateways) -> None:

@@ -1,4 +1,4 @@
-"""The runner's decisions as tables, and its socket and drain edges against real sockets in-process."""
+"""The runner's own edges: sd_notify, the orphan guard, and waiting for upstreams before listening."""
 
 from __future__ import annotations
 
@@ -8,358 +8,18 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
-import aiohttp
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
-from satgate_mcp import runner
+from satgate_mcp.daemon import runner
+from satgate_mcp.daemon.notify import Notifier
 from satgate_mcp.dispatch import Pool
 from satgate_mcp.keys import POOL
-from satgate_mcp.runner import (
-    BindAddress,
-    DrainState,
-    ExposureRefused,
-    InheritedFd,
-    ListenError,
-    Notifier,
-    bind_action,
-    bind_address,
-    bind_socket,
-    drain,
-    drain_reason,
-    exit_code,
-    idle_expired,
-    is_loopback_host,
-    someone_listens,
-    systemd_fds,
-    unauthenticated_exposure,
-)
-from satgate_mcp.settings import Settings
-
-PID = 4242
-
-
-@pytest.mark.parametrize(
-    ("environ", "expected"),
-    [
-        pytest.param({}, [], id="not-activated"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "1"}, [InheritedFd(3, "fd3")], id="one-fd"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "2", "LISTEN_FDNAMES": "web:admin"},
-                     [InheritedFd(3, "web"), InheritedFd(4, "admin")], id="named-fds"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "2", "LISTEN_FDNAMES": "web"},
-                     [InheritedFd(3, "web"), InheritedFd(4, "fd4")], id="fewer-names-than-fds"),
-        pytest.param({"LISTEN_PID": "1", "LISTEN_FDS": "1"}, [], id="meant-for-another-process"),
-        pytest.param({"LISTEN_FDS": "1"}, [], id="no-listen-pid"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "0"}, [], id="zero-fds"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "-1"}, [], id="negative-fds"),
-        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "x"}, [], id="garbage-fds"),
-    ],
-)
-def test_systemd_fds_are_used_only_when_meant_for_this_process(
-    environ: dict[str, str], expected: list[InheritedFd]
-) -> None:
-    assert systemd_fds(environ, PID) == expected
-
-
-@pytest.mark.parametrize(
-    ("host", "expected"),
-    [
-        pytest.param("127.0.0.1", BindAddress(socket.AF_INET, "127.0.0.1"), id="ipv4"),
-        pytest.param("0.0.0.0", BindAddress(socket.AF_INET, "0.0.0.0"), id="ipv4-any"),
-        pytest.param("", BindAddress(socket.AF_INET, "0.0.0.0"), id="empty-is-any"),
-        pytest.param("::1", BindAddress(socket.AF_INET6, "::1"), id="ipv6"),
-        pytest.param("[::1]", BindAddress(socket.AF_INET6, "::1"), id="bracketed-ipv6"),
-        pytest.param("::", BindAddress(socket.AF_INET6, "::", dual_stack=True), id="ipv6-any-dual-stack"),
-        pytest.param("localhost", BindAddress(None, "localhost"), id="name-resolved-later"),
-    ],
-)
-def test_bind_address_family_follows_the_host_form(host: str, expected: BindAddress) -> None:
-    assert bind_address(host) == expected
-
-
-@pytest.mark.parametrize(
-    ("host", "loopback"),
-    [
-        pytest.param("127.0.0.1", True, id="ipv4-loopback"),
-        pytest.param("127.8.9.10", True, id="anywhere-in-127/8"),
-        pytest.param("::1", True, id="ipv6-loopback"),
-        pytest.param("[::1]", True, id="bracketed-ipv6-loopback"),
-        pytest.param("::ffff:127.0.0.1", True, id="ipv4-mapped-loopback"),
-        pytest.param("localhost", True, id="localhost"),
-        pytest.param("LocalHost.", True, id="localhost-any-case-fqdn-dot"),
-        pytest.param("0.0.0.0", False, id="ipv4-any"),
-        pytest.param("", False, id="empty-is-any"),
-        pytest.param("::", False, id="ipv6-any"),
-        pytest.param("10.0.0.5", False, id="private-address"),
-        pytest.param("::ffff:10.0.0.5", False, id="ipv4-mapped-public"),
-        pytest.param("gw.internal", False, id="other-names-are-public"),
-        pytest.param("localhost.example.com", False, id="not-really-localhost"),
-    ],
-)
-def test_loopback_hosts(host: str, loopback: bool) -> None:
-    assert is_loopback_host(host) is loopback
-
-
-@pytest.mark.parametrize(
-    ("auth_mode", "allow", "hosts", "refused"),
-    [
-        pytest.param("none", False, ["0.0.0.0"], True, id="none-on-any-address-refused"),
-        pytest.param("none", False, ["gw.internal"], True, id="none-on-a-name-refused"),
-        pytest.param("none", False, ["127.0.0.1", "10.0.0.5"], True, id="one-public-socket-is-enough"),
-        pytest.param("none", True, ["0.0.0.0"], False, id="none-on-any-address-with-the-opt-in"),
-        pytest.param("none", False, ["127.0.0.1"], False, id="none-on-loopback"),
-        pytest.param("none", False, ["localhost"], False, id="none-on-localhost"),
-        pytest.param("none", False, [], False, id="only-unix-sockets"),
-        pytest.param("header", False, ["0.0.0.0"], False, id="header-anywhere"),
-        pytest.param("config", False, ["::"], False, id="config-anywhere"),
-    ],
-)
-def test_unauthenticated_exposure(auth_mode: str, allow: bool, hosts: list[str], refused: bool) -> None:
-    message = unauthenticated_exposure(auth_mode, allow, hosts)
-    assert (message is not None) is refused
-    if message is not None:
-        assert "\n" not in message
-        for needed in ("SATGATE_ALLOW_UNAUTHENTICATED=true", "SATGATE_AUTH_MODE=header", "SATGATE_ROOT_KEY",
-                       "satgate-mcp token mint"):
-            assert needed in message
-
-
-@pytest.mark.parametrize(
-    ("listener_found", "handover", "action"),
-    [
-        pytest.param(False, False, "bind", id="free-port-binds"),
-        pytest.param(False, True, "bind", id="handover-with-nothing-to-take-over-binds"),
-        pytest.param(True, True, "take_over", id="handover-shares-until-the-old-one-leaves"),
-        pytest.param(True, False, "refuse", id="plain-start-on-a-listened-port-refused"),
-    ],
-)
-def test_bind_action(listener_found: bool, handover: bool, action: str) -> None:
-    assert bind_action(listener_found=listener_found, handover=handover) == action
-
-
-@pytest.mark.parametrize(
-    ("now", "idle_since", "expected"),
-    [
-        pytest.param(10.0, 9.5, False, id="just-used-stays-open"),
-        pytest.param(10.0, 9.0, True, id="idle-for-the-grace-closes"),
-        pytest.param(10.0, 2.0, True, id="long-idle-closes"),
-    ],
-)
-def test_idle_connection_closes_only_after_the_grace(now: float, idle_since: float, expected: bool) -> None:
-    assert idle_expired(now, idle_since, grace=1.0) is expected
-
-
-@pytest.mark.parametrize(
-    ("connections", "now", "cut", "expected"),
-    [
-        pytest.param(0, 1.0, False, "clean", id="all-closed-is-clean"),
-        pytest.param(0, 99.0, True, "clean", id="finished-beats-late-cut"),
-        pytest.param(2, 1.0, False, None, id="still-draining"),
-        pytest.param(2, 1.0, True, "signal", id="second-signal-cuts"),
-        pytest.param(2, 5.0, False, "deadline", id="deadline-cuts"),
-    ],
-)
-def test_drain_reason(connections: int, now: float, cut: bool, expected: str | None) -> None:
-    assert drain_reason(connections=connections, now=now, deadline=5.0, cut_requested=cut) == expected
-
-
-@pytest.mark.parametrize(("reason", "code"), [pytest.param("clean", 0, id="clean-exits-0"),
-                                              pytest.param("deadline", 1, id="deadline-exits-1"),
-                                              pytest.param("signal", 1, id="signal-exits-1")])
-def test_exit_code_is_zero_only_for_a_clean_drain(reason: runner.DrainReason, code: int) -> None:
-    assert exit_code(reason) == code
-
-
-# ---------------------------------------------------------------- sockets
-
-
-def test_a_handover_binds_the_port_a_listener_holds_with_reuse_port() -> None:
-    first = bind_socket("127.0.0.1", 0, reuse_port=True)
-    first.sock.listen()
-    try:
-        second = bind_socket("127.0.0.1", first.port or 0, reuse_port=True, handover=True)
-        second.sock.close()
-        assert (first.source, second.port) == ("bind", first.port)
-    finally:
-        first.sock.close()
-
-
-def test_attack_second_start_on_a_listened_port_is_refused_not_shared() -> None:
-    first = bind_socket("127.0.0.1", 0, reuse_port=True)
-    first.sock.listen()
-    try:
-        with pytest.raises(ListenError, match=r"refusing to bind 127\.0\.0\.1:\d+: another process already listens") \
-                as refused:
-            bind_socket("127.0.0.1", first.port or 0, reuse_port=True)
-        assert "SATGATE_HANDOVER=true" in str(refused.value)
-        assert "--handover" in str(refused.value)
-    finally:
-        first.sock.close()
-
-
-def _listening(host: str = "127.0.0.1", *, reuse_port: bool = True) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, 0))
-    sock.listen()
-    return sock
-
-
-@pytest.mark.parametrize(
-    ("listener_host", "reuse_port", "probe_host"),
-    [
-        pytest.param("127.0.0.1", True, "127.0.0.1", id="reuse-port-listener-same-address"),
-        pytest.param("127.0.0.1", False, "127.0.0.1", id="plain-listener"),
-        pytest.param("0.0.0.0", True, "127.0.0.1", id="any-address-listener-covers-loopback"),
-        pytest.param("127.0.0.1", True, "0.0.0.0", id="loopback-listener-overlaps-any-address"),
-    ],
-)
-def test_someone_listens_sees_a_listener_with_or_without_reuse_port(
-    listener_host: str, reuse_port: bool, probe_host: str
-) -> None:
-    with _listening(listener_host, reuse_port=reuse_port) as sock:
-        assert someone_listens(socket.AF_INET, (probe_host, sock.getsockname()[1]), dual_stack=False)
-
-
-def test_someone_listens_ignores_a_bound_socket_that_does_not_listen_and_time_wait_leftovers() -> None:
-    server = _listening()
-    port = server.getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = server.accept()
-    accepted.close()  # the server side closes first: its end of the connection stays in TIME_WAIT
-    client.close()
-    server.close()
-    assert _tcp_states(port) - {"LISTEN"}, "premise: a connection on the port outlives its listener"
-    assert not someone_listens(socket.AF_INET, ("127.0.0.1", port), dual_stack=False)
-    with socket.socket() as bound:
-        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        bound.bind(("127.0.0.1", port))  # a starting gateway binds before it listens
-        assert not someone_listens(socket.AF_INET, ("127.0.0.1", port), dual_stack=False)
-
-
-_TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "0A": "LISTEN"}
-
-
-def _tcp_states(port: int) -> set[str]:
-    """States of the IPv4 sockets on ``port`` (Linux /proc/net/tcp), to check a test's premise."""
-    states = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].rsplit(":", 1)[1], 16) == port:
-            states.add(_TCP_STATES.get(fields[3], fields[3]))
-    return states
-
-
-def test_without_reuse_port_a_taken_port_fails_with_one_clear_line() -> None:
-    taken = bind_socket("127.0.0.1", 0, reuse_port=False)
-    taken.sock.listen()
-    try:
-        with pytest.raises(ListenError, match=r"cannot bind 127\.0\.0\.1:\d+: Address already in use"):
-            bind_socket("127.0.0.1", taken.port or 0, reuse_port=False)
-    finally:
-        taken.sock.close()
-
-
-def test_ipv6_loopback_binds_an_ipv6_socket() -> None:
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6")
-    try:
-        listener = bind_socket("::1", 0, reuse_port=True)
-    except ListenError as exc:
-        pytest.skip(f"IPv6 loopback unavailable: {exc}")
-    with listener.sock:
-        assert listener.sock.family == socket.AF_INET6
-        assert listener.host == "::1"
-
-
-def test_inherited_listening_socket_is_adopted_and_environment_cleared() -> None:
-    sock = socket.create_server(("127.0.0.1", 0))
-    fd = os.dup(sock.fileno())
-    sock.close()
-    environ = {"LISTEN_PID": str(PID), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "web", "KEEP": "1"}
-    try:
-        listener = runner.adopt_fd(InheritedFd(fd, "web"))
-        assert (listener.source, listener.name, listener.host) == ("systemd", "web", "127.0.0.1")
-        assert not os.get_inheritable(fd)
-    finally:
-        os.close(fd)
-    runner.clear_listen_env(environ)
-    assert environ == {"KEEP": "1"}
-
-
-def test_acquire_prefers_systemd_sockets_over_host_and_port() -> None:
-    sock = socket.create_server(("127.0.0.1", 0))
-    environ = {"LISTEN_PID": str(PID), "LISTEN_FDS": "1"}
-    original = runner.SD_LISTEN_FDS_START
-    try:
-        runner.SD_LISTEN_FDS_START = sock.fileno()
-        listeners = runner.acquire_listeners(Settings(port=1), environ, PID)
-        assert [(lst.source, lst.port) for lst in listeners] == [("systemd", sock.getsockname()[1])]
-        assert environ == {}
-        listeners[0].sock.detach()
-    finally:
-        runner.SD_LISTEN_FDS_START = original
-        sock.close()
-
-
-def test_an_inherited_socket_is_never_refused_as_taken() -> None:
-    """systemd's socket is listened on by the previous process too during a restart: that is the point."""
-    sock = _listening()
-    environ = {"LISTEN_PID": str(PID), "LISTEN_FDS": "1"}
-    original = runner.SD_LISTEN_FDS_START
-    try:
-        runner.SD_LISTEN_FDS_START = sock.fileno()
-        listeners = runner.acquire_listeners(Settings(port=sock.getsockname()[1]), environ, PID)
-        assert [lst.source for lst in listeners] == ["systemd"]
-        listeners[0].sock.detach()
-    finally:
-        runner.SD_LISTEN_FDS_START = original
-        sock.close()
-
-
-def test_none_auth_on_an_inherited_public_socket_is_refused_whatever_satgate_host_says() -> None:
-    sock = _listening("0.0.0.0")
-    fd = os.dup(sock.fileno())
-    environ = {"LISTEN_PID": str(PID), "LISTEN_FDS": "1"}
-    original = runner.SD_LISTEN_FDS_START
-    try:
-        runner.SD_LISTEN_FDS_START = fd
-        with pytest.raises(ExposureRefused, match="SATGATE_ALLOW_UNAUTHENTICATED=true"):
-            runner.acquire_listeners(Settings(host="127.0.0.1", port=1), environ, PID)
-        with pytest.raises(OSError, match="Bad file descriptor"):
-            os.fstat(fd)  # the refused socket was closed (systemd keeps its own copy)
-    finally:
-        runner.SD_LISTEN_FDS_START = original
-        sock.close()
-
-
-def test_none_auth_on_a_public_host_is_refused_before_binding() -> None:
-    with _listening("0.0.0.0") as taken:  # even a taken port: the configuration problem comes first
-        settings = Settings(host="0.0.0.0", port=taken.getsockname()[1])
-        with pytest.raises(ExposureRefused, match=r"SATGATE_AUTH_MODE=none on 0\.0\.0\.0"):
-            runner.acquire_listeners(settings, {}, PID)
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        pytest.param(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM), id="not-listening"),
-        pytest.param(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM), id="datagram"),
-    ],
-)
-def test_an_inherited_fd_that_is_not_a_listening_stream_socket_is_refused(make: object) -> None:
-    sock = make()  # type: ignore[operator]
-    with sock:
-        with pytest.raises(ListenError, match="not a listening stream socket"):
-            runner.adopt_fd(InheritedFd(sock.fileno(), "web"))
-        sock.getsockname()  # still open: a refused fd is not closed under its owner
+from tests.deploy.clocks import SteppingClock
 
 
 @pytest.mark.parametrize("abstract", [pytest.param(False, id="path"), pytest.param(True, id="abstract")])
@@ -374,14 +34,19 @@ def test_notifier_speaks_sd_notify_and_hides_the_socket_from_children(tmp_path: 
         assert "NOTIFY_SOCKET" not in environ
 
 
-def test_notifier_without_socket_is_silent() -> None:
-    Notifier.from_environ({}).send("READY=1")
+@pytest.mark.parametrize("environ", [pytest.param({}, id="no-notify-socket"),
+                                     pytest.param({"NOTIFY_SOCKET": "vsock:2:1234"}, id="vsock-not-for-us")])
+def test_notifier_without_socket_is_silent(environ: dict[str, str]) -> None:
+    notifier = Notifier.from_environ(environ)
+    with capture_logs() as logs:
+        notifier.send("READY=1")
+    assert (notifier.address, logs) == (None, []), "nothing sent, nothing logged, nothing raised"
 
 
 def test_orphan_guard_terminates_children_left_behind() -> None:
     script = textwrap.dedent("""
         import subprocess, sys
-        from satgate_mcp.runner import child_pids, terminate_leftover_children
+        from satgate_mcp.daemon.children import child_pids, terminate_leftover_children
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         assert child_pids(__import__("os").getpid()) == [child.pid]
         print(terminate_leftover_children(__import__("os").getpid()), child.poll() is not None, flush=True)
@@ -389,141 +54,6 @@ def test_orphan_guard_terminates_children_left_behind() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20, check=True)
     assert out.stdout.splitlines()[-1].split() == ["1", "True"]
     assert "orphan_guard" in out.stdout
-
-
-# ---------------------------------------------------------------- drain, in-process
-
-
-class Served:
-    def __init__(self, server: web.Server, runner: web.AppRunner, site: web.SockSite,
-                 listener: runner.Listener, release: asyncio.Event, entered: asyncio.Event) -> None:
-        self.server, self.runner, self.site, self.listener = server, runner, site, listener
-        self.release, self.entered = release, entered
-        self.state = DrainState()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.port}"
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[Served]:
-    release, entered = asyncio.Event(), asyncio.Event()
-
-    async def slow(request: web.Request) -> web.Response:
-        entered.set()
-        await release.wait()
-        return web.Response(text="slow done")
-
-    async def fast(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/slow", slow)
-    app.router.add_get("/fast", fast)
-    state = DrainState()
-    app.on_response_prepare.append(state.on_response_prepare)
-    app_runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await app_runner.setup()
-    listener = bind_socket("127.0.0.1", 0, reuse_port=True)
-    site = web.SockSite(app_runner, listener.sock)
-    await site.start()
-    assert app_runner.server is not None
-    result = Served(app_runner.server, app_runner, site, listener, release, entered)
-    result.state = state
-    try:
-        yield result
-    finally:
-        release.set()
-        await app_runner.cleanup()
-        listener.sock.close()
-
-
-async def test_drain_finishes_the_request_in_flight_and_tells_the_client_to_reconnect(served: Served) -> None:
-    async with aiohttp.ClientSession() as client:
-        call = asyncio.create_task(client.get(served.url + "/slow"))
-        await asyncio.wait_for(served.entered.wait(), 5)
-        adopted = await runner.stop_listening([served.site], [served.listener], served.server)
-        served.state.draining = True
-        loop = asyncio.get_running_loop()
-        draining = asyncio.create_task(drain(served.server, served.state, deadline=loop.time() + 5,
-                                             cut=asyncio.Event(), clock=loop.time))
-        served.release.set()
-        response = await asyncio.wait_for(call, 5)
-        assert (response.status, await response.text()) == (200, "slow done")
-        assert response.headers["Connection"] == "close"
-        report = await asyncio.wait_for(draining, 5)
-    assert (adopted, report.reason, report.in_flight_at_start, report.drained, report.cut) == (0, "clean", 1, 1, 0)
-    with pytest.raises(aiohttp.ClientConnectionError):
-        async with aiohttp.ClientSession() as fresh:
-            await fresh.get(served.url + "/fast")
-
-
-async def test_idle_keep_alive_connection_is_served_during_grace_then_closed(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(runner, "IDLE_GRACE_SECONDS", 0.3)
-    async with aiohttp.ClientSession() as client:
-        first = await client.get(served.url + "/fast")
-        assert first.headers.get("Connection") != "close"
-        await first.read()
-        await runner.stop_listening([served.site], [served.listener], served.server)
-        served.state.draining = True
-        loop = asyncio.get_running_loop()
-        draining = asyncio.create_task(drain(served.server, served.state, deadline=loop.time() + 5,
-                                             cut=asyncio.Event(), clock=loop.time))
-        # The client reuses its idle connection right after the drain began: it is served, not reset.
-        again = await client.get(served.url + "/fast")
-        assert (again.status, again.headers["Connection"]) == (200, "close")
-        report = await asyncio.wait_for(draining, 5)
-    assert (report.reason, report.idle_at_start, report.drained) == ("clean", 1, 1)
-
-
-async def test_idle_connection_that_stays_idle_is_closed_after_the_grace(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(runner, "IDLE_GRACE_SECONDS", 0.2)
-    async with aiohttp.ClientSession() as client:
-        await (await client.get(served.url + "/fast")).read()
-        await runner.stop_listening([served.site], [served.listener], served.server)
-        loop = asyncio.get_running_loop()
-        report = await asyncio.wait_for(drain(served.server, served.state, deadline=loop.time() + 5,
-                                              cut=asyncio.Event(), clock=loop.time), 5)
-    assert (report.reason, report.closed_idle, report.cut) == ("clean", 1, 0)
-    assert report.seconds >= 0.2
-
-
-@pytest.mark.parametrize("by", [pytest.param("deadline", id="deadline"), pytest.param("signal", id="signal")])
-async def test_deadline_or_second_signal_cuts_and_counts_what_is_left(served: Served, by: str) -> None:
-    async with aiohttp.ClientSession() as client:
-        call = asyncio.create_task(client.get(served.url + "/slow"))
-        await asyncio.wait_for(served.entered.wait(), 5)
-        await runner.stop_listening([served.site], [served.listener], served.server)
-        loop = asyncio.get_running_loop()
-        cut = asyncio.Event()
-        if by == "signal":
-            cut.set()
-        report = await asyncio.wait_for(drain(served.server, served.state, deadline=loop.time() + 0.2,
-                                              cut=cut, clock=loop.time), 5)
-        assert (report.reason, report.cut, report.drained) == (by, 1, 0)
-        await served.runner.cleanup()
-        with pytest.raises(aiohttp.ClientError):
-            await asyncio.wait_for(call, 5)
-
-
-async def test_connections_queued_on_a_closed_bound_socket_are_served_not_reset(served: Served) -> None:
-    # A second bound socket nobody accepts on: the kernel queues the client's connection there.
-    queued = bind_socket("127.0.0.1", 0, reuse_port=False)
-    queued.sock.listen()
-    reader, writer = await asyncio.open_connection("127.0.0.1", queued.port)
-    try:
-        adopted = await runner._adopt_queued([queued], served.server)
-        writer.write(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
-        status = await asyncio.wait_for(reader.readline(), 5)
-        assert (adopted, status) == (1, b"HTTP/1.1 200 OK\r\n")
-    finally:
-        writer.close()
-        queued.sock.close()
 
 
 class TogglePool:
@@ -541,8 +71,9 @@ def app_with(pool: TogglePool) -> web.Application:
 
 
 async def test_listening_waits_for_upstreams_to_be_ready() -> None:
-    pool = TogglePool()
-    waiting = asyncio.create_task(runner._wait_ready(app_with(pool), asyncio.Event(), timeout=5))
+    pool, clock = TogglePool(), SteppingClock()
+    waiting = asyncio.create_task(runner._wait_ready(app_with(pool), asyncio.Event(), timeout=5, clock=clock,
+                                                     sleep=clock.sleep))
     await asyncio.sleep(0)
     assert not waiting.done()
     pool.ready = True
@@ -554,4 +85,19 @@ async def test_waiting_for_readiness_is_bounded(stopped: bool) -> None:
     stop = asyncio.Event()
     if stopped:
         stop.set()
-    assert await asyncio.wait_for(runner._wait_ready(app_with(TogglePool()), stop, timeout=0.1), 5) is False
+    clock = SteppingClock()
+    started = clock()
+    ready = await asyncio.wait_for(runner._wait_ready(app_with(TogglePool()), stop, timeout=0.1, clock=clock,
+                                                      sleep=clock.sleep), 5)
+    assert ready is False
+    assert clock() - started <= (0.0 if stopped else 0.1 + runner.READY_POLL_SECONDS), "one look late at most"
+
+
+@pytest.mark.parametrize("installed", [pytest.param(True, id="uvloop-installed"),
+                                       pytest.param(False, id="asyncio-fallback")])
+def test_the_daemon_runs_on_uvloop_when_it_is_installed(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    import uvloop
+
+    if not installed:
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a missing package does
+    assert runner.event_loop_factory() is (uvloop.new_event_loop if installed else None)
