@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# Apps built in tests keep today's in-memory state unless a test hands them a state folder (tmp_path):
+# nothing litters the repository with ./satgate-state. Processes get the same through tests.gateway_process.
+os.environ.setdefault("SATGATE_STATE_DIR", "memory")
+
 TESTS_DIR = Path(__file__).resolve().parent
 UPSTREAM_SERVER = TESTS_DIR / "upstream_server.py"
 #: Bound on how long an upstream server process may take to print its ready line.
