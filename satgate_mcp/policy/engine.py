@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -61,6 +61,9 @@ from satgate_mcp.policy.limits import (
 )
 from satgate_mcp.policy.refunds import failure_kind, refundable
 from satgate_mcp.settings import Settings
+
+if TYPE_CHECKING:
+    from satgate_mcp.state import LocalState
 
 TOOLS_CALL = "tools/call"
 GATEWAY_METHOD_PREFIX = "satgate/"
@@ -170,11 +173,14 @@ class CallPolicy:
         self._in_flight: dict[str, SharedCall] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics) -> CallPolicy:
-        """In-memory stores, or Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set."""
+    def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
+                      state: LocalState | None = None) -> CallPolicy:
+        """In-memory stores (the state folder's with ``state``), or Redis-backed shared ones with a Redis URL."""
         tool_rates: Mapping[str, str] = settings.tool_rate_limits
         if not settings.redis_url:
-            return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates)
+            return cls(settings, publisher=publisher, metrics=metrics, tool_rate_limits=tool_rates,
+                       budgets=None if state is None else state.budgets,
+                       duplicates=None if state is None else state.duplicates)
         from satgate_mcp.policy.redis_stores import RedisStores
 
         stores = RedisStores.from_url(settings.redis_url)
