@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,7 +78,14 @@ def _connect(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
 
 @contextlib.contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One read-modify-write transaction: the write lock is taken first, so no other writer interleaves."""
+    """One read-modify-write transaction: the write lock is taken first, so no other writer interleaves.
+
+    Inside the worker's batch transaction (the usual case) the batch already holds the lock and each
+    job runs under its own savepoint, so this adds nothing.
+    """
+    if conn.in_transaction:
+        yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
@@ -88,14 +96,32 @@ def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
-def _log_failure(future: Future[Any]) -> None:
-    exc = future.exception()
-    if exc is not None:
-        _log.error("state_write_failed", error=f"{type(exc).__name__}: {exc}")
+Job = Callable[[sqlite3.Connection], Any]
+#: A queued job and the future that wants its result (None: write-behind).
+Queued = tuple[Job, "asyncio.Future[Any] | None"]
+Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
+#: Most jobs one transaction carries: bounds how long the write lock is held.
+MAX_BATCH = 64
+
+
+def _deliver(results: list[Result]) -> None:
+    for future, value, exc in results:
+        if future.cancelled():
+            continue  # its caller went away; the job itself ran (or not) atomically
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
 
 
 class Database:
-    """The state folder's database: one connection on one thread for statements, one for loop reads."""
+    """The state folder's database: one worker thread with its connection, one connection for loop reads.
+
+    The worker runs what is queued in order and commits everything queued at once in one transaction
+    (each job under its own savepoint, so a failing job undoes only itself), then hands the results
+    back with one wake-up of the loop: under load a charge costs a fraction of a commit and of a
+    thread hop. A result is handed back only after its commit, so an answered charge is on disk.
+    """
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
@@ -111,47 +137,99 @@ class Database:
             self._reader = _connect(path, busy_timeout=LOOP_READ_TIMEOUT_SECONDS)
         except sqlite3.Error as exc:
             raise StateError(f"{path}: {exc}") from None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="satgate-state")
+        self._queue: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self._next_purge = 0.0
         self._closed = False
+        self._thread = threading.Thread(target=self._work, name="satgate-state", daemon=True)
+        self._thread.start()
 
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        result = fn(self._conn)
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._run_batch(batch)
+        self._conn.close()
+
+    def _run_batch(self, batch: list[Queued]) -> None:
+        conn = self._conn
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job, _ in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    outcomes.append((job(conn), None))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    outcomes.append((None, exc))
+                conn.execute("RELEASE job")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # the lock or the commit failed: no job of the batch happened
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            outcomes = [(None, exc)] * len(batch)
+        by_loop: dict[asyncio.AbstractEventLoop, list[Result]] = {}
+        for (_, future), (value, error) in zip(batch, outcomes, strict=True):
+            if future is None:
+                if error is not None:
+                    _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
+                continue
+            by_loop.setdefault(future.get_loop(), []).append((future, value, error))
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile wants nothing
+                loop.call_soon_threadsafe(_deliver, results)
+        self._purge_if_due()
+
+    def _purge_if_due(self) -> None:
         now = self.clock()
-        if now >= self._next_purge:
-            self._next_purge = now + PURGE_INTERVAL_SECONDS
-            try:
-                self._purge(now)
-            except sqlite3.Error as exc:  # housekeeping only: never fails the statement it follows
-                _log.warning("state_purge_failed", error=f"{type(exc).__name__}: {exc}")
-        return result
-
-    def _purge(self, now: float) -> None:
-        with immediate(self._conn) as conn:
-            conn.execute("DELETE FROM budgets WHERE expires <= ?", (now,))
-            conn.execute("DELETE FROM duplicates WHERE expires <= ?", (now,))
-            conn.execute("DELETE FROM tombstones WHERE expires <= ?", (now,))
+        if now < self._next_purge:
+            return
+        self._next_purge = now + PURGE_INTERVAL_SECONDS
+        try:
+            with immediate(self._conn) as conn:
+                conn.execute("DELETE FROM budgets WHERE expires <= ?", (now,))
+                conn.execute("DELETE FROM duplicates WHERE expires <= ?", (now,))
+                conn.execute("DELETE FROM tombstones WHERE expires <= ?", (now,))
+        except sqlite3.Error as exc:  # housekeeping only: never fails a job
+            _log.warning("state_purge_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``fn(connection)`` on the database thread; statements of one process run one at a time, in order."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
+        """``fn(connection)`` on the worker, atomic and committed when it returns; one process's jobs run in order."""
+        if self._closed:
+            raise StateError(f"{self.path} is closed")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.put((fn, future))
+        return await future
 
     def submit(self, fn: Callable[[sqlite3.Connection], object]) -> None:
-        """Write behind: queued after every statement already asked for; a failure is logged."""
-        self._executor.submit(self._call, fn).add_done_callback(_log_failure)
+        """Write behind: queued after every job already asked for; a failure is logged."""
+        if not self._closed:
+            self._queue.put((fn, None))
 
     def read_now(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """A read on the caller's own thread (the event loop): only for rare point lookups and start-up."""
         return self._reader.execute(sql, params).fetchall()
 
     async def aclose(self) -> None:
-        """Let queued writes finish, then close both connections."""
+        """Let queued jobs finish, then close both connections."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
-        self._executor.shutdown(wait=True)
-        self._conn.close()
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
         self._reader.close()
 
 

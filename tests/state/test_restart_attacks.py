@@ -82,6 +82,10 @@ def start(aiohttp_client: AiohttpClient, tmp_path: Path) -> Start:
     return start_process
 
 
+def listing(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir())
+
+
 def budget_error(body: Any) -> str | None:
     error = body.get("error") if isinstance(body, dict) else None
     return (error.get("data") or {}).get("error") if isinstance(error, dict) else None
@@ -142,7 +146,7 @@ async def test_memory_keeps_todays_behaviour_a_restart_starts_afresh(
     restarted = await start(state_dir="memory")
     status, body = await restarted.call(token, session_id, 3)  # resumed: the DELETE was that process's only
     assert (status, budget_error(body)) == (200, None)  # and served from a fresh budget, as before
-    assert list(tmp_path.iterdir()) == []
+    assert listing(tmp_path) == []  # nothing written to the working directory
 
 
 async def test_the_default_state_folder_is_satgate_state_in_the_working_directory(
@@ -154,7 +158,7 @@ async def test_the_default_state_folder_is_satgate_state_in_the_working_director
     first = await start(state_dir=None)
     assert await spend(first, token, 1) == [None]
     await first.stop()
-    assert (tmp_path / "satgate-state").is_dir()
+    assert "satgate.db" in listing(tmp_path / "satgate-state")
     restarted = await start(state_dir=None)
     assert await spend(restarted, token, 1, first_id=2) == ["budget_exhausted"]
 
@@ -171,8 +175,9 @@ async def policies(tmp_path: Path) -> AsyncIterator[Callable[[], CallPolicy]]:
     def make() -> CallPolicy:
         from satgate_mcp.state import open_state
 
-        settings = Settings(auth_mode="header", root_key=ROOT_KEY, enforcement="control",
-                            state_dir=str(tmp_path / "state"))
+        values: dict[str, Any] = {"auth_mode": "header", "root_key": ROOT_KEY, "enforcement": "control",
+                                  "state_dir": str(tmp_path / "state")}
+        settings = Settings(**values)
         state = open_state(settings)
         if state is not None:
             closers.append(state.aclose)

@@ -7,8 +7,10 @@ another process as far as SQLite is concerned: its own connections, its own lock
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,6 +107,27 @@ def test_the_folder_is_private_and_the_database_in_wal_mode(tmp_path: Path) -> N
         assert local.db.read_now("PRAGMA journal_mode", ()) == [("wal",)]
     finally:
         asyncio.run(local.aclose())
+
+
+async def test_jobs_queued_together_commit_together_and_a_failing_one_undoes_only_itself(state: LocalState) -> None:
+    def failing(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO revocations (token_id) VALUES ('half-done')")
+        raise RuntimeError("boom")
+
+    results = await asyncio.gather(
+        state.budgets.charge("b", 1, limit=5, enforce=True), state.db.run(failing),
+        state.budgets.charge("b", 1, limit=5, enforce=True), return_exceptions=True)
+    assert results[0] == Charge(True, 4)
+    assert isinstance(results[1], RuntimeError)
+    assert results[2] == Charge(True, 3)
+    assert state.db.read_now("SELECT count(*) FROM revocations", ()) == [(0,)]
+
+
+async def test_a_caller_that_goes_away_leaves_the_charge_whole(state: LocalState) -> None:
+    charging = asyncio.ensure_future(state.budgets.charge("b", 1, limit=5, enforce=True))
+    await asyncio.sleep(0)
+    charging.cancel()
+    assert await state.budgets.remaining("b", limit=5) in (4, 5)  # done entirely or not at all, never half
 
 
 # --- budgets ----------------------------------------------------------------------------------------
@@ -301,7 +324,7 @@ async def test_the_daemon_adds_the_state_folder_to_a_configured_file(state: Loca
     pytest.param({"state_dir": "memory"}, True, "SATGATE_STATE_DIR=memory", id="memory"),
     pytest.param({"state_dir": "memory", "revocation_file": "revoked"}, False, None, id="a-file"),
 ])
-def test_where_token_revoke_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+def test_where_token_revoke_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, Any],
                                       made: bool, problem: str | None) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SATGATE_STATE_DIR", raising=False)
