@@ -30,6 +30,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
+from satgate_mcp.state import open_state
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.middleware import request_logger
@@ -58,12 +59,13 @@ def create_app(
     metrics = metrics or Metrics()
     # The app closes only what it built; parts handed in belong to the caller.
     owned: list[Callable[[], Awaitable[None]]] = []
+    state = open_state(settings)  # SQLite in SATGATE_STATE_DIR; None for memory or Redis
     if publisher is None:
         publisher, file_sink = _default_publisher(settings)
         if file_sink is not None:
             owned.append(file_sink.aclose)
     if authenticator is None:
-        authenticator = authenticator_from_settings(settings)
+        authenticator = authenticator_from_settings(settings, state=state)
         aclose = getattr(authenticator, "aclose", None)
         if aclose is not None:
             owned.append(aclose)
@@ -71,12 +73,15 @@ def create_app(
     if pool is None:
         pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics)
     if policy is None:
-        built_policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics)
+        built_policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, state=state)
         owned.append(built_policy.close)
         policy = built_policy
 
     registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
-                               per_token=settings.sessions_per_token, publisher=publisher, clock=clock)
+                               per_token=settings.sessions_per_token, publisher=publisher, clock=clock,
+                               tombstones=None if state is None else state.tombstones)
+    if state is not None:
+        owned.append(state.aclose)  # last: after the authenticator and the policy that use it
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)

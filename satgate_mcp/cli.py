@@ -24,14 +24,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from satgate_mcp import __version__
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
-from satgate_mcp.auth.revocation import (
-    check_token_id,
-    revocation_store_configured,
-    revocation_store_from_settings,
-)
+from satgate_mcp.auth.revocation import check_token_id
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings
+from satgate_mcp.state import cli_revocations, no_cli_revocations_reason
 
 PROG = "satgate-mcp"
 
@@ -44,8 +41,9 @@ class TokenSettings(BaseSettings):
     root_key: SecretStr | None = None
     revocation_file: Path | None = None
     redis_url: str | None = None
+    state_dir: str | None = None
 
-    @field_validator("root_key", "revocation_file", "redis_url", mode="before")
+    @field_validator("root_key", "revocation_file", "redis_url", "state_dir", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -236,7 +234,8 @@ def cmd_narrow(args: argparse.Namespace) -> ExitCode:
 
 
 async def _revoked_in_store(settings: TokenSettings, ids: Sequence[str]) -> bool:
-    store = revocation_store_from_settings(settings)
+    store = cli_revocations(settings)
+    assert store is not None
     try:
         for token_id in ids:
             if await store.is_revoked(token_id):
@@ -262,7 +261,7 @@ def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
         except TokenError as exc:
             info["verified"], info["reason"] = False, exc.reason
     info["revoked"] = None
-    if revocation_store_configured(settings):
+    if not no_cli_revocations_reason(settings):
         try:
             info["revoked"] = asyncio.run(_revoked_in_store(settings, [info["token_id"], *info["ancestors"]]))
         except Exception as exc:  # a down store must not hide the rest of the answer
@@ -272,7 +271,8 @@ def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
 
 
 async def _revoke(settings: TokenSettings, token_id: str) -> None:
-    store = revocation_store_from_settings(settings)
+    store = cli_revocations(settings)  # the file and/or Redis, else the state folder's database
+    assert store is not None
     try:
         await store.revoke(token_id)
     finally:
@@ -284,8 +284,8 @@ def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
         token_id = check_token_id(args.token_id)
     except ValueError as exc:
         return _fail(str(exc))
-    if not revocation_store_configured(settings):
-        return _fail("no revocation store configured: set SATGATE_REVOCATION_FILE (or SATGATE_REDIS_URL)")
+    if problem := no_cli_revocations_reason(settings):
+        return _fail(problem)
     try:
         asyncio.run(_revoke(settings, token_id))
     except Exception as exc:  # OSError, a Redis error: say what, no traceback

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity, token_hash
@@ -158,6 +159,15 @@ def tombstone_action(own: int, quota: int, total: int, bound: int, largest_other
     return TombstoneAction.BLOCK_LARGEST if largest_other > own else TombstoneAction.BLOCK_OWN
 
 
+class TombstoneStore(Protocol):
+    """Where DELETEs outlive this process (a restart, another process on the state folder); synchronous,
+    so ``resume`` keeps its check and its insert in one uninterrupted call."""
+
+    def bury(self, session_id: str, ttl: float) -> None: ...
+
+    def is_buried(self, session_id: str) -> bool: ...
+
+
 class SessionRegistry:
     def __init__(
         self,
@@ -167,6 +177,7 @@ class SessionRegistry:
         publisher: Publisher,
         clock: Callable[[], float] = time.monotonic,
         per_token: int | None = None,
+        tombstones: TombstoneStore | None = None,
     ) -> None:
         self.cap = cap
         self.idle_ttl = idle_ttl
@@ -174,6 +185,8 @@ class SessionRegistry:
         self.per_token = per_token if per_token is not None else sys.maxsize
         self._clock = clock
         self._publisher = publisher
+        #: Written through on every recorded DELETE, asked on resume after the map below.
+        self._durable = tombstones
         self._sessions: dict[str, Session] = {}
         #: token id -> its live sessions (the per-token quota and its LRU eviction look only here).
         self._by_token: dict[str, dict[str, Session]] = {}
@@ -242,7 +255,7 @@ class SessionRegistry:
                 return ResumeRefusal.TAG_MISMATCH
             return Resumed(existing, created=False)
         self._expire_tombstones(now)
-        if session_id in self._tombstones:
+        if session_id in self._tombstones or (self._durable is not None and self._durable.is_buried(session_id)):
             return ResumeRefusal.DELETED
         if self._blocked.get(identity.family_id, 0.0) > now:
             return ResumeRefusal.TOMBSTONE_QUOTA
@@ -279,6 +292,8 @@ class SessionRegistry:
             until = now + self.idle_ttl
             self._tombstones[session_id] = (until, owner)
             self._tombstones_by_token.setdefault(owner, {})[session_id] = until
+            if self._durable is not None:
+                self._durable.bury(session_id, self.idle_ttl)
         else:
             self._block(owner, now + self.idle_ttl)
         return True

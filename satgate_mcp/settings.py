@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     handover: bool = False
     drain_seconds: float = Field(default=25.0, ge=0)
     redis_url: str | None = None
+    #: Folder of the embedded SQLite state when no Redis is set; unset: $STATE_DIRECTORY or ./satgate-state.
+    state_dir: str | None = None
 
     log_format: Literal["json", "console"] | None = None
     log_level: str = "INFO"

@@ -97,7 +97,7 @@ class Auth:
     tokens: list[str | None]
 
 
-def make_auth(mode: str, clients: int) -> Auth:
+def make_auth(mode: str, clients: int, budget_limit: float | None = None) -> Auth:
     if mode == "none":
         return Auth({"SATGATE_AUTH_MODE": "none"}, [None] * clients)
     if mode == "config":
@@ -106,7 +106,7 @@ def make_auth(mode: str, clients: int) -> Auth:
     from satgate_mcp.auth.macaroons import mint_token
 
     root_key = secrets.token_urlsafe(48)
-    tokens: list[str | None] = [mint_token(root_key, f"bench-{n}") for n in range(clients)]
+    tokens: list[str | None] = [mint_token(root_key, f"bench-{n}", budget_limit=budget_limit) for n in range(clients)]
     return Auth({"SATGATE_AUTH_MODE": "header", "SATGATE_ROOT_KEY": root_key}, tokens)
 
 
@@ -1073,6 +1073,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=positive_float, default=None,
                         help="give up after this many seconds (default 300; with --compare: from the options)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--state-dir", default="",
+                        help="the gateway's SATGATE_STATE_DIR, or memory (default: a folder in the bench's temp dir)")
+    parser.add_argument("--budget-limit", type=float, default=None,
+                        help="header mode: mint each token with this budget, so every call is a durable charge")
     compare = parser.add_argument_group("side-by-side comparison (--compare)")
     compare.add_argument("--compare", action="store_true",
                          help="baseline (the SDK upstream alone over HTTP) vs the gateway in auth none and header")
@@ -1101,9 +1105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_compare(args)
     if args.timeout is None:
         args.timeout = 300.0
-    auth = make_auth(args.auth, args.clients)
+    auth = make_auth(args.auth, args.clients, args.budget_limit)
     with tempfile.TemporaryDirectory(prefix="satgate-bench-") as workdir:
-        gateway = Gateway(auth, args.log_level, Path(workdir))
+        gateway = Gateway(auth, args.log_level, Path(workdir),
+                          extra_env={"SATGATE_STATE_DIR": args.state_dir or str(Path(workdir) / "state")})
         gateway.start()
         try:
             report = asyncio.run(asyncio.wait_for(drive(gateway, auth, args), args.timeout))

@@ -4,16 +4,27 @@ as a Streamable HTTP server process that a test can stop and restart on the same
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# Apps built in tests keep today's in-memory state unless a test hands them a state folder (tmp_path):
+# nothing litters the repository with ./satgate-state. Processes get the same through tests.gateway_process.
+os.environ.setdefault("SATGATE_STATE_DIR", "memory")
+# A test that strips SATGATE_* falls back to $STATE_DIRECTORY: a throwaway folder, never the repository.
+_FALLBACK_STATE = tempfile.mkdtemp(prefix="satgate-test-state-")
+os.environ.setdefault("STATE_DIRECTORY", _FALLBACK_STATE)
+atexit.register(shutil.rmtree, _FALLBACK_STATE, True)
 
 TESTS_DIR = Path(__file__).resolve().parent
 UPSTREAM_SERVER = TESTS_DIR / "upstream_server.py"

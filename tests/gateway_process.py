@@ -64,8 +64,10 @@ def free_port() -> int:
 
 
 def base_env() -> dict[str, str]:
-    """The test runner's environment without SATGATE_*, socket-activation variables or proxies."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_NOT)}
+    """The test runner's environment without SATGATE_*, socket-activation variables or proxies; state in memory
+    (a test that wants the state folder sets SATGATE_STATE_DIR to one in its tmp_path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_NOT) and k != "STATE_DIRECTORY"}
+    return {**env, "SATGATE_STATE_DIR": "memory"}
 
 
 def stdio_upstreams(name: str = "t") -> str:

@@ -23,7 +23,7 @@ KEY = "r" * 40
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SATGATE_")}
-    env.update(extra)
+    env.update(SATGATE_STATE_DIR="memory", **extra)
     return env
 
 
@@ -39,6 +39,7 @@ def no_satgate_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in list(os.environ):
         if name.startswith("SATGATE_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("SATGATE_STATE_DIR", "memory")  # no state folder in the repository
     return monkeypatch
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from satgate_mcp.auth.base import Authenticator, NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.header import MacaroonAuthenticator
@@ -11,14 +12,19 @@ from satgate_mcp.auth.revocation import RevocationStore, revocation_store_from_s
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import Settings
 
+if TYPE_CHECKING:
+    from satgate_mcp.state import LocalState
+
 
 def authenticator_from_settings(
     settings: Settings,
     *,
     clock: Callable[[], float] = time.time,
     revocations: RevocationStore | None = None,
+    state: LocalState | None = None,
 ) -> Authenticator:
-    """``revocations`` overrides the store the settings name (tests, or a store the app already owns)."""
+    """``revocations`` overrides the store the settings name (tests, or a store the app already owns);
+    ``state`` adds the state folder's revocations (what ``token revoke`` writes with nothing configured)."""
     if settings.auth_mode == "none":
         return NoAuthenticator()
     if settings.auth_mode == "config":
@@ -34,5 +40,7 @@ def authenticator_from_settings(
                 revocations = revocation_store_from_settings(settings)
             except ValueError as exc:  # a directory for a file, a malformed SATGATE_REDIS_URL
                 raise ConfigError(str(exc)) from None
+            if state is not None:
+                revocations = state.revocations_with(revocations)
         return MacaroonAuthenticator(key, revocations, clock=clock)
     raise ConfigError(f"unknown SATGATE_AUTH_MODE {settings.auth_mode!r}")  # pragma: no cover

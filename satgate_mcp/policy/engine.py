@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
@@ -58,6 +58,9 @@ from satgate_mcp.policy.limits import (
 from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
 from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
 from satgate_mcp.settings import Settings
+
+if TYPE_CHECKING:
+    from satgate_mcp.state import LocalState
 
 TOOLS_CALL = "tools/call"
 #: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
@@ -166,15 +169,18 @@ class CallPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
-                      **parts: Unpack[Parts]) -> CallPolicy:
-        """The one place ``Settings`` become a policy. Stores not handed in are in memory, or
-        Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set. Delegation needs header auth."""
+                      state: LocalState | None = None, **parts: Unpack[Parts]) -> CallPolicy:
+        """The one place ``Settings`` become a policy. Stores not handed in are in memory (the state
+        folder's with ``state``), or Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set.
+        Delegation needs header auth."""
         if settings.redis_url:
             from satgate_mcp.policy.redis_stores import RedisStores
 
             stores = RedisStores.from_url(settings.redis_url)
             parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
                      "duplicates": stores.duplicates, "on_close": [stores.aclose], **parts}
+        elif state is not None:
+            parts = {"budgets": state.budgets, "duplicates": state.duplicates, **parts}
         root_key = settings.root_key if settings.auth_mode == "header" else None
         return cls(
             publisher=publisher, metrics=metrics,

@@ -519,7 +519,7 @@ async def test_legacy_message_answers_only_to_the_still_valid_opener(start: Star
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SATGATE_")}
-    env.update(extra)
+    env.update(SATGATE_STATE_DIR="memory", **extra)
     return env
 
 

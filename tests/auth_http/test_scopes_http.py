@@ -46,7 +46,7 @@ def gateway_settings() -> Settings:
         for key in list(os.environ):
             if key.startswith("SATGATE_"):
                 env.delenv(key)
-        return Settings(**values)
+        return Settings(**values, state_dir="memory")  # no state folder in the repository
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -82,7 +82,7 @@ def gateway_settings(upstreams: Mapping[str, JsonObj]) -> Settings:
         for key in list(os.environ):
             if key.startswith("SATGATE_"):
                 env.delenv(key)
-        return Settings(**values)
+        return Settings(**values, state_dir="memory")  # no state folder in the repository
 
 
 @contextlib.asynccontextmanager

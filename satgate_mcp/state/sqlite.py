@@ -1,0 +1,448 @@
+"""The embedded durable store: one SQLite database (WAL) in the state folder.
+
+Durable across restarts and SIGKILL with no server to run, and safe for several processes on one
+folder at once (a handover, two gateways on one machine): WAL lets readers run beside the one
+writer, every read-modify-write is one short ``BEGIN IMMEDIATE`` transaction, and ``busy_timeout``
+makes a writer wait its turn instead of failing. No lock is ever held between statements, and none
+is exclusive for longer than one transaction.
+
+sqlite3 blocks, so statements run on one dedicated thread per database, never on the event loop.
+Two documented exceptions: opening (at start) and the tombstone point read of a resume (rare, a
+primary-key lookup that WAL never makes wait on a writer). Commits use ``synchronous=NORMAL``: a
+committed transaction is in the WAL and survives the process being killed; only a power loss can
+lose the last ones.
+
+Stored times are wall-clock seconds: they must mean the same after a restart and in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from satgate_mcp.auth.revocation import DEFAULT_CHECK_INTERVAL, check_token_id
+from satgate_mcp.policy.budget import EPSILON, Charge
+from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Record, State, Table
+
+T = TypeVar("T")
+
+DB_NAME = "satgate.db"
+SCHEMA_VERSION = 1
+#: How long a writer waits for another process's transaction before giving up.
+BUSY_TIMEOUT_SECONDS = 5.0
+#: The one read on the event loop (a resume's tombstone lookup) waits at most this long.
+LOOP_READ_TIMEOUT_SECONDS = 0.05
+#: Expired rows (child budgets, duplicate records, tombstones) are deleted at most this often.
+PURGE_INTERVAL_SECONDS = 60.0
+
+_SCHEMA = f"""
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS budgets (
+  key TEXT PRIMARY KEY, lim REAL NOT NULL, spent REAL NOT NULL, expires REAL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS budgets_expiring ON budgets (expires) WHERE expires IS NOT NULL;
+CREATE TABLE IF NOT EXISTS duplicates (
+  key TEXT PRIMARY KEY, state TEXT NOT NULL, expires REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS duplicates_expiring ON duplicates (expires);
+CREATE TABLE IF NOT EXISTS tombstones (session_id TEXT PRIMARY KEY, expires REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tombstones_expiring ON tombstones (expires);
+CREATE TABLE IF NOT EXISTS revocations (seq INTEGER PRIMARY KEY, token_id TEXT NOT NULL UNIQUE);
+PRAGMA user_version = {SCHEMA_VERSION};
+COMMIT;
+"""
+
+_log = structlog.get_logger("satgate_mcp.state")
+
+
+class StateError(Exception):
+    """The state folder cannot be used (message says why); at start this is a configuration error."""
+
+
+def _connect(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":  # pragma: no cover - a filesystem without shared memory (NFS)
+        conn.close()
+        raise StateError(f"{path}: SQLite could not use WAL here (journal mode {mode})")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One read-modify-write transaction: the write lock is taken first, so no other writer interleaves.
+
+    Inside the worker's batch transaction (the usual case) the batch already holds the lock and each
+    job runs under its own savepoint, so this adds nothing.
+    """
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+Job = Callable[[sqlite3.Connection], Any]
+#: A queued job and the future that wants its result (None: write-behind).
+Queued = tuple[Job, "asyncio.Future[Any] | None"]
+Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
+#: Most jobs one transaction carries: bounds how long the write lock is held.
+MAX_BATCH = 64
+
+
+def _deliver(results: list[Result]) -> None:
+    for future, value, exc in results:
+        if future.cancelled():
+            continue  # its caller went away; the job itself ran (or not) atomically
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+
+class Database:
+    """The state folder's database: one worker thread with its connection, one connection for loop reads.
+
+    The worker runs what is queued in order and commits everything queued at once in one transaction
+    (each job under its own savepoint, so a failing job undoes only itself), then hands the results
+    back with one wake-up of the loop: under load a charge costs a fraction of a commit and of a
+    thread hop. A result is handed back only after its commit, so an answered charge is on disk.
+    """
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        #: Wall clock of every stored expiry.
+        self.clock = clock
+        try:
+            self._conn = _connect(path, busy_timeout=BUSY_TIMEOUT_SECONDS)
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                self._conn.close()
+                raise StateError(f"{path} was written by a newer satgate-mcp (schema {version})")
+            self._conn.executescript(_SCHEMA)
+            self._reader = _connect(path, busy_timeout=LOOP_READ_TIMEOUT_SECONDS)
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: {exc}") from None
+        self._queue: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
+        self._next_purge = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="satgate-state", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._run_batch(batch)
+        self._conn.close()
+
+    def _run_batch(self, batch: list[Queued]) -> None:
+        conn = self._conn
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job, _ in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    outcomes.append((job(conn), None))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    outcomes.append((None, exc))
+                conn.execute("RELEASE job")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # the lock or the commit failed: no job of the batch happened
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            outcomes = [(None, exc)] * len(batch)
+        by_loop: dict[asyncio.AbstractEventLoop, list[Result]] = {}
+        for (_, future), (value, error) in zip(batch, outcomes, strict=True):
+            if future is None:
+                if error is not None:
+                    _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
+                continue
+            by_loop.setdefault(future.get_loop(), []).append((future, value, error))
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile wants nothing
+                loop.call_soon_threadsafe(_deliver, results)
+        self._purge_if_due()
+
+    def _purge_if_due(self) -> None:
+        now = self.clock()
+        if now < self._next_purge:
+            return
+        self._next_purge = now + PURGE_INTERVAL_SECONDS
+        try:
+            with immediate(self._conn) as conn:
+                conn.execute("DELETE FROM budgets WHERE expires <= ?", (now,))
+                conn.execute("DELETE FROM duplicates WHERE expires <= ?", (now,))
+                conn.execute("DELETE FROM tombstones WHERE expires <= ?", (now,))
+        except sqlite3.Error as exc:  # housekeeping only: never fails a job
+            _log.warning("state_purge_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` on the worker, atomic and committed when it returns; one process's jobs run in order."""
+        if self._closed:
+            raise StateError(f"{self.path} is closed")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.put((fn, future))
+        return await future
+
+    def submit(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """Write behind: queued after every job already asked for; a failure is logged."""
+        if not self._closed:
+            self._queue.put((fn, None))
+
+    def read_now(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """A read on the caller's own thread (the event loop): only for rare point lookups and start-up."""
+        return self._reader.execute(sql, params).fetchall()
+
+    async def aclose(self) -> None:
+        """Let queued jobs finish, then close both connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
+        self._reader.close()
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+Account = tuple[float, float, float | None]  # limit, spent, expires (None: never)
+
+
+def _live_account(conn: sqlite3.Connection, key: str, now: float) -> Account | None:
+    row = conn.execute("SELECT lim, spent, expires FROM budgets WHERE key = ?", (key,)).fetchone()
+    if row is None or (row[2] is not None and row[2] <= now):
+        return None
+    return float(row[0]), float(row[1]), row[2]
+
+
+def _put_account(conn: sqlite3.Connection, key: str, account: Account) -> None:
+    conn.execute("INSERT OR REPLACE INTO budgets (key, lim, spent, expires) VALUES (?, ?, ?, ?)", (key, *account))
+
+
+class SqliteBudgetStore:
+    """``BudgetStore`` on the state database: one transaction per charge or transfer.
+
+    An unlimited budget never gets a row: its charge is a read that finds none.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+        def charge(conn: sqlite3.Connection) -> Charge:
+            now = self._db.clock()
+            if limit is None and _live_account(conn, key, now) is None:
+                return Charge(True, None)  # unlimited: nothing to lock, nothing to store
+            with immediate(conn):
+                account = _live_account(conn, key, now)
+                if account is None:
+                    if limit is None:
+                        return Charge(True, None)
+                    account = (limit, 0.0, None)
+                    _put_account(conn, key, account)  # a budget starts on first use, refused or not
+                lim, spent, expires = account
+                exceeded = cost > lim - spent + EPSILON
+                if exceeded and enforce:
+                    return Charge(False, lim - spent, exceeded=True)
+                _put_account(conn, key, (lim, spent + cost, expires))
+                return Charge(True, lim - spent - cost, exceeded=exceeded)
+
+        return await self._db.run(charge)
+
+    async def refund(self, key: str, amount: float) -> None:
+        def refund(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE budgets SET spent = max(0.0, spent - ?) WHERE key = ? AND "
+                         "(expires IS NULL OR expires > ?)", (amount, key, self._db.clock()))
+
+        await self._db.run(refund)
+
+    async def remaining(self, key: str, *, limit: float | None) -> float | None:
+        def remaining(conn: sqlite3.Connection) -> float | None:
+            account = _live_account(conn, key, self._db.clock())
+            return limit if account is None else account[0] - account[1]
+
+        return await self._db.run(remaining)
+
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
+                       ttl: float | None = None) -> Charge:
+        def transfer(conn: sqlite3.Connection) -> Charge:
+            now = self._db.clock()
+            with immediate(conn):
+                if _live_account(conn, child, now) is not None:
+                    return Charge(False, None)
+                account = _live_account(conn, parent, now)
+                if account is None and parent_limit is not None:
+                    account = (parent_limit, 0.0, None)
+                left: float | None = None
+                if account is not None:
+                    lim, spent, expires = account
+                    if amount > lim - spent + EPSILON:
+                        _put_account(conn, parent, account)
+                        return Charge(False, lim - spent, exceeded=True)
+                    _put_account(conn, parent, (lim, spent + amount, expires))
+                    left = lim - spent - amount
+                _put_account(conn, child, (amount, 0.0, None if ttl is None else now + ttl))
+                return Charge(True, left)
+
+        return await self._db.run(transfer)
+
+    async def close(self) -> None:
+        return None  # the database belongs to the LocalState
+
+
+# --- duplicate records ----------------------------------------------------------------------------
+
+
+class SqliteDuplicateStore:
+    """``DuplicateStore`` on the state database: a transition table applied in one transaction."""
+
+    def __init__(self, db: Database, *, ttl: float = DUPLICATE_TTL_SECONDS) -> None:
+        self._db = db
+        self._ttl = ttl
+
+    async def apply(self, key: str, table: Table) -> str:
+        def apply(conn: sqlite3.Connection) -> str:
+            now = self._db.clock()
+            with immediate(conn):
+                row = conn.execute("SELECT state, expires FROM duplicates WHERE key = ?", (key,)).fetchone()
+                current: State = Record(row[0]) if row is not None and row[1] > now else None
+                new, outcome = table[current]
+                if new is None:
+                    if row is not None:
+                        conn.execute("DELETE FROM duplicates WHERE key = ?", (key,))
+                elif new is not current:
+                    conn.execute("INSERT OR REPLACE INTO duplicates (key, state, expires) VALUES (?, ?, ?)",
+                                 (key, new.value, now + self._ttl))
+                return outcome
+
+        return await self._db.run(apply)
+
+    async def close(self) -> None:
+        return None
+
+
+# --- DELETE tombstones ----------------------------------------------------------------------------
+
+
+class SqliteTombstoneStore:
+    """The registry's ``TombstoneStore``: DELETEs that a restart, or another process on the folder, still sees.
+
+    ``bury`` writes behind (the registry is synchronous and answers from its own map first), in
+    order, so the row is committed within a transaction's time of the DELETE's answer. A process
+    killed in that window loses the tombstone: the session can then be resumed by its own token,
+    which grants nothing a fresh ``initialize`` would not. ``is_buried`` is a primary-key read on the
+    loop; if it cannot answer, the resume is refused (a DELETE must never be undone by a fault).
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def bury(self, session_id: str, ttl: float) -> None:
+        expires = self._db.clock() + ttl
+        self._db.submit(lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO tombstones (session_id, expires) VALUES (?, ?)", (session_id, expires)))
+
+    def is_buried(self, session_id: str) -> bool:
+        try:
+            rows = self._db.read_now("SELECT expires FROM tombstones WHERE session_id = ?", (session_id,))
+        except sqlite3.Error as exc:
+            _log.warning("tombstone_lookup_failed", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
+            return True
+        return bool(rows) and float(rows[0][0]) > self._db.clock()
+
+
+# --- revocations ----------------------------------------------------------------------------------
+
+_NEW_REVOCATIONS = "SELECT seq, token_id FROM revocations WHERE seq > ? ORDER BY seq"
+
+
+class SqliteRevocationStore:
+    """Revoked ids in the state database: what ``token revoke`` writes when nothing else is configured.
+
+    Answers come from a set in memory, loaded at start and topped up with the rows added since
+    (one indexed read, at most once per ``check_interval``, awaited by the lookup that is due), so a
+    revocation from the CLI or another process is refused within that interval. Ids never leave the
+    set while the process lives, as with the revocation file.
+    """
+
+    def __init__(self, db: Database, *, clock: Callable[[], float] = time.monotonic,
+                 check_interval: float = DEFAULT_CHECK_INTERVAL, owns_db: bool = False) -> None:
+        self._db = db
+        self._clock = clock
+        self._interval = check_interval
+        self._owns_db = owns_db
+        self._ids: set[str] = set()
+        self._seq = 0
+        self._failing = False
+        self._absorb(db.read_now(_NEW_REVOCATIONS, (0,)))
+        self._next_check = clock() + check_interval
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def _absorb(self, rows: list[tuple[Any, ...]]) -> None:
+        for seq, token_id in rows:
+            self._ids.add(str(token_id))
+            self._seq = max(self._seq, int(seq))
+
+    async def is_revoked(self, token_id: str) -> bool:
+        now = self._clock()
+        if now >= self._next_check:
+            self._next_check = now + self._interval
+            await self.refresh()
+        return token_id in self._ids
+
+    async def refresh(self) -> None:
+        """Take in what was revoked since the last look; a failing database keeps the ids known so far."""
+        seq = self._seq
+        try:
+            rows = await self._db.run(lambda conn: conn.execute(_NEW_REVOCATIONS, (seq,)).fetchall())
+        except sqlite3.Error as exc:
+            if not self._failing:
+                _log.warning("revocation_state_unreadable", path=str(self._db.path),
+                             error=f"{type(exc).__name__}: {exc}", kept_revoked_ids=len(self._ids))
+            self._failing = True
+            return
+        self._failing = False
+        self._absorb(rows)
+
+    async def revoke(self, token_id: str) -> None:
+        check_token_id(token_id)
+        await self._db.run(lambda conn: conn.execute(
+            "INSERT OR IGNORE INTO revocations (token_id) VALUES (?)", (token_id,)))
+        self._ids.add(token_id)
+
+    async def aclose(self) -> None:
+        if self._owns_db:
+            await self._db.aclose()
