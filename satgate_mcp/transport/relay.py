@@ -46,7 +46,7 @@ def log_message_passes(params: JsonObj | None, wanted: str | None) -> bool:
     if wanted is None:
         return True
     level = (params or {}).get("level")
-    return isinstance(level, str) and _RANK.get(level, len(LOG_LEVELS)) >= _RANK.get(wanted, 0)
+    return isinstance(level, str) and _RANK.get(level, -1) >= _RANK.get(wanted, 0)
 
 
 def ask_refusal(method: str, params: JsonObj | None, *, streaming: bool,

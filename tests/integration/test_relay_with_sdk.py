@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import SecretStr
 
@@ -275,6 +276,27 @@ async def test_a_2025_11_25_stream_opens_with_a_priming_event_and_ids_every_even
     assert '"id":2' in events[-1]
     assert [json.loads(b.split("data: ", 1)[1])["params"]["data"] for b in events[1:-1]] == [
         "debug raw", "info raw", "warning raw", "error raw"]
+
+
+# -- the legacy transport ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", OVER)
+async def test_the_legacy_sse_transport_relays_on_its_one_stream(gateway: Gateway, prefix: str) -> None:
+    client = Client("leg")
+    callbacks: dict[str, Any] = {"elicitation_callback": client.elicit, "sampling_callback": client.sample}
+    async with (sse_client(f"{gateway.url}/sse", headers={"Authorization": f"Bearer {TOKEN}"}) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, logging_callback=client.log,
+                              **callbacks) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        elicited = await asyncio.wait_for(session.call_tool(f"{prefix}relay_elicit", {}), CALL_TIMEOUT)
+        sampled = await asyncio.wait_for(session.call_tool(f"{prefix}relay_sample", {"prompt": "old"}), CALL_TIMEOUT)
+        await asyncio.wait_for(session.call_tool(f"{prefix}relay_log", {"tag": "l"}), CALL_TIMEOUT)
+    texts = [c.text for r in (elicited, sampled) for c in r.content if isinstance(c, types.TextContent)]
+    # 2024-11-05 has no elicitation: the client's own refusal is what the upstream hears
+    assert texts[0] == "error: -32601 Method not found"
+    assert texts[1] == "leg: old"
+    assert client.log_data() == ["debug l", "info l", "warning l", "error l"]
 
 
 # -- a resumed session after a restart -----------------------------------------------------------------
