@@ -106,9 +106,9 @@ class CallStream:
 
 
 class StreamableHttpTransport:
-    def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> None:
+    def __init__(self, edge: Edge, *, keepalive_seconds: float | None = None) -> None:
         self._edge = edge
-        self._keepalive = keepalive_seconds
+        self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
