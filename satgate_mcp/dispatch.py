@@ -23,7 +23,7 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.base import ProgressCallback, Relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
@@ -47,6 +47,7 @@ class Pool(Protocol):
     @property
     def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
+    async def set_log_level(self, level: str) -> None: ...
     async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                             ) -> JsonObj: ...
@@ -196,6 +197,12 @@ def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
     return {**reply, "result": {**result, key: items}}
 
 
+def _admitted(call: Call) -> None:
+    """Tell the call's relay that nothing can refuse it any more: its answer may now be prepared as a stream."""
+    if isinstance(call.on_progress, Relay):
+        call.on_progress.admit()
+
+
 async def _empty_result(call: Call) -> JsonObj:
     return jsonrpc.result_response(None, {})
 
@@ -235,6 +242,10 @@ class Dispatcher:
     @property
     def tools_version(self) -> int:
         return self._pool.tools_version
+
+    async def set_upstream_log_level(self, level: str) -> None:
+        """The most verbose level any session asked for, to every upstream that logs (the edge decides it)."""
+        await self._pool.set_log_level(level)
 
     def initialize_result(self, protocol_version: str) -> JsonObj:
         return {
@@ -294,6 +305,7 @@ class Dispatcher:
                                    code=jsonrpc.TOOL_NOT_ALLOWED)
             admission = await self._policy.admit(call.identity, method=method, tool=None, session_id=call.session_id,
                                                  request_id=call.request.id, params=params)
+            _admitted(call)
             try:
                 reply = await operation(params, on_progress=call.on_progress)
             finally:
@@ -333,6 +345,7 @@ class Dispatcher:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
         admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
                                              request_id=call.request.id, params=params)
+        _admitted(call)
         started = self._clock()
         outcome = "error"
         try:

@@ -29,6 +29,9 @@ class Metrics:
                                   ["upstream", "outcome"], registry=r)
         self.upstream_latency = Histogram("satgate_upstream_latency_seconds", "Upstream request latency",
                                           ["upstream", "method"], registry=r)
+        self.unattributed = Counter("satgate_upstream_unattributed",
+                                    "Upstream requests refused and notifications dropped: no single client to give "
+                                    "them to", ["upstream", "kind"], registry=r)
         self.refusals = Counter("satgate_refusals", "Requests refused, by reason", ["reason"], registry=r)
         self.upstream_restarts = Counter("satgate_upstream_restarts", "Upstream restarts or reconnects",
                                          ["upstream"], registry=r)

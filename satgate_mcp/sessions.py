@@ -105,6 +105,10 @@ class Session:
     inflight: int = 0
     #: The verified token id its quotas are counted under, fixed when the registry takes it in.
     quota_key: str = ""
+    #: What the client declared at initialize; None when unknown (a resumed session): relay, and relay its refusal.
+    client_capabilities: dict[str, object] | None = None
+    #: The level this client asked for with ``logging/setLevel`` (None: everything).
+    log_level: str | None = None
 
     def answers_to(self, token: str) -> bool:
         return hmac.compare_digest(self.token_hash, token_hash(token))
@@ -224,6 +228,10 @@ class SessionRegistry:
         self._publisher.publish(events.SESSION_CONNECT, session_id=sid, token_id=identity.token_id,
                                 protocol_version=protocol_version, resumed=False)
         return session
+
+    def log_levels(self) -> list[str]:
+        """The levels live sessions asked for with ``logging/setLevel`` (upstreams get the most verbose)."""
+        return [s.log_level for s in self._sessions.values() if s.log_level is not None]
 
     def get(self, session_id: str) -> Session | None:
         """The live session, or None if unknown or idle past its TTL (an expired one is closed now)."""

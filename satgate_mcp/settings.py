@@ -20,6 +20,18 @@ ENV_PREFIX = "SATGATE_"
 MIN_ROOT_KEY_LENGTH = 32
 
 
+Isolation = Literal["shared", "token", "session"]
+
+
+def _only_shared(value: str) -> str:
+    """``token`` and ``session`` are reserved names: refused at start-up until a child per token/session exists."""
+    if value != "shared":
+        raise ValueError(f'"isolation": "{value}" is not available in this version of satgate-mcp; use "shared" '
+                         "(one connection for every client; requests an upstream sends while calls from several "
+                         "sessions are in flight are refused, never guessed)")
+    return value
+
+
 class StdioUpstreamSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -29,6 +41,14 @@ class StdioUpstreamSpec(BaseModel):
     cwd: str | None = None
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
+    #: Who shares one child: everyone (``shared``), a verified token id, or a client session.
+    isolation: Isolation = "shared"
+    max_instances: int = Field(default=100, ge=1)
+
+    @field_validator("isolation")
+    @classmethod
+    def _isolation_built(cls, value: str) -> str:
+        return _only_shared(value)
 
 
 class HttpUpstreamSpec(BaseModel):
@@ -39,6 +59,13 @@ class HttpUpstreamSpec(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
+    isolation: Isolation = "shared"
+    max_instances: int = Field(default=100, ge=1)
+
+    @field_validator("isolation")
+    @classmethod
+    def _isolation_built(cls, value: str) -> str:
+        return _only_shared(value)
 
 
 UpstreamSpec = Annotated[StdioUpstreamSpec | HttpUpstreamSpec, Field(discriminator="transport")]

@@ -40,6 +40,7 @@ class FakePool:
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.tools_version = 0
+        self.log_levels: list[str] = []
 
     def readiness(self) -> dict[str, bool]:
         return {"fake": True}
@@ -52,6 +53,9 @@ class FakePool:
 
     def owner_of_tool(self, name: str) -> str | None:
         return "fake" if name in self.tool_names else None
+
+    async def set_log_level(self, level: str) -> None:
+        self.log_levels.append(level)
 
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj:

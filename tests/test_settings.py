@@ -195,3 +195,19 @@ def test_a_config_file_adds_to_the_environment_and_the_environment_wins(
     monkeypatch.setenv("SATGATE_PORT", "9300")
     s = load_settings(config)
     assert (s.host, s.port) == ("0.0.0.0", 9300)
+
+
+@pytest.mark.parametrize("transport", [
+    pytest.param({"transport": "stdio", "command": ["srv"]}, id="stdio"),
+    pytest.param({"transport": "http", "url": "http://127.0.0.1:1/mcp"}, id="http"),
+])
+def test_upstreams_share_one_connection_by_default(transport: dict[str, object]) -> None:
+    settings = Settings(upstreams={"u": transport})  # type: ignore[dict-item]
+    assert settings.upstreams["u"].isolation == "shared"
+    assert settings.upstreams["u"].max_instances == 100
+
+
+@pytest.mark.parametrize("isolation", [pytest.param("token", id="token"), pytest.param("session", id="session")])
+def test_an_isolation_this_version_cannot_give_is_refused_at_start_up(isolation: str) -> None:
+    with pytest.raises(ValidationError, match=f'"isolation": "{isolation}" is not available'):
+        Settings(upstreams={"u": {"transport": "stdio", "command": ["srv"], "isolation": isolation}})  # type: ignore[dict-item]

@@ -58,6 +58,56 @@ BASE_TOOLS: dict[str, JsonObj] = {
     "ask_client": _schema(method="string"),
 }
 
+# --- relay_* tools: an upstream that asks its client things and logs during a call (issue 11) -------------
+#: Each asks or tells the client something on the call's own stream (request-scoped), then answers.
+RELAY_TOOLS: dict[str, JsonObj] = {
+    "relay_elicit": {"type": "object", "properties": {"question": {"type": "string"}}},
+    "relay_elicit_url": {"type": "object", "properties": {"url": {"type": "string"}}},
+    "relay_sample": {"type": "object", "properties": {"prompt": {"type": "string"}}},
+    "relay_roots": _schema(),
+    "relay_log": {"type": "object", "properties": {"tag": {"type": "string"}}},
+    "relay_log_level": _schema(),
+}
+RELAY_LOG_LEVELS = ("debug", "info", "warning", "error")
+BASE_TOOLS.update(RELAY_TOOLS)
+
+
+async def run_relay_tool(ctx: ServerRequestContext[Any], tool: str, args: JsonObj, state: State) -> JsonObj:
+    """What each relay_* tool does; the client's answer (or its error) is the tool's text."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import ServerMessageMetadata
+
+    related = ctx.request_id
+    try:
+        if tool == "relay_elicit":
+            schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+            elicited = await ctx.session.elicit_form(str(args.get("question", "why?")), schema, related)
+            return _text(json.dumps({"action": elicited.action, "content": elicited.content}))
+        if tool == "relay_elicit_url":
+            url = str(args.get("url", "https://example.com/consent"))
+            elicited = await ctx.session.elicit_url("open this", url, "relay-elicitation-1", related)
+            return _text(json.dumps({"action": elicited.action}))
+        if tool == "relay_sample":
+            message = types.SamplingMessage(role="user",
+                                            content=types.TextContent(type="text", text=str(args.get("prompt", ""))))
+            sampled = await ctx.session.create_message([message], max_tokens=16, related_request_id=related)
+            content = sampled.content
+            return _text(content.text if isinstance(content, types.TextContent) else str(content))
+        if tool == "relay_roots":
+            roots = await ctx.session.send_request(types.ListRootsRequest(), types.ListRootsResult,
+                                                   metadata=ServerMessageMetadata(related_request_id=related))
+            return _text(json.dumps([str(r.uri) for r in roots.roots]))
+        if tool == "relay_log":
+            tag = str(args.get("tag", ""))
+            for level in RELAY_LOG_LEVELS:
+                await ctx.session.send_log_message(level, f"{level} {tag}", "relay", related)  # type: ignore[arg-type]
+            return _text("logged")
+        if tool == "relay_log_level":
+            return _text(str(state.log_level))
+    except MCPError as exc:  # the client's (or the gateway's) JSON-RPC error is the answer a test checks
+        return _text(f"error: {exc.error.code} {exc.error.message}")
+    return _text(f"{tool} called")
+
 
 @dataclass
 class State:
@@ -67,6 +117,7 @@ class State:
     tools: list[str] = field(default_factory=list)
     cancelled: list[Any] = field(default_factory=list)
     hang_interrupted: int = 0
+    log_level: str | None = None
 
     def tool_defs(self) -> list[JsonObj]:
         out = []
@@ -156,6 +207,8 @@ def build_server(state: State) -> Server[Any]:
                 # Request-scoped, so over Streamable HTTP it rides this call's SSE response.
                 await ctx.session.send_notification(types.ToolListChangedNotification(), ctx.request_id)
             return _text(f"added {new}")
+        if tool in RELAY_TOOLS:
+            return await run_relay_tool(ctx, tool, args, state)
         if tool == "ask_client":
             method = str(args.get("method", "ping"))
             try:
@@ -208,6 +261,10 @@ def build_server(state: State) -> Server[Any]:
         values = [f"{state.name}-{params.argument.value}"]
         return types.CompleteResult.model_validate({"completion": {"values": values, "hasMore": False}})
 
+    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        state.log_level = params.level
+        return types.EmptyResult()
+
     async def on_cancelled(ctx: ServerRequestContext[Any], params: types.CancelledNotificationParams) -> None:
         state.cancelled.append(params.request_id)
 
@@ -223,6 +280,7 @@ def build_server(state: State) -> Server[Any]:
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
         on_completion=complete,
+        on_set_logging_level=set_level,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     return server

@@ -31,6 +31,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import CloseReason, RegistryFull, ResumeRefusal, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import rules
+from satgate_mcp.transport.relay import CallRelay, Emit, PendingAsks, is_log_level, most_verbose
 from satgate_mcp.transport.rules import Refusal
 
 log = structlog.get_logger("satgate_mcp.transport")
@@ -100,6 +101,10 @@ class Edge:
         self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight_per_token,
                                                   total=settings.max_inflight)
         self._inflight: dict[InflightKey, set[asyncio.Task[JsonObj]]] = {}
+        #: Upstream requests relayed to clients, waiting for their answers.
+        self.asks = PendingAsks()
+        #: The level upstreams were last set to (the most verbose any session asked for).
+        self._upstream_log_level: str | None = None
 
     @property
     def resumes_sessions(self) -> bool:
@@ -141,11 +146,15 @@ class Edge:
 
     # --- sessions -------------------------------------------------------------------------------
 
-    def open_session(self, principal: Principal, protocol_version: str) -> Session | Refusal:
+    def open_session(self, principal: Principal, protocol_version: str,
+                     init_params: JsonObj | None = None) -> Session | Refusal:
+        """A new session; ``init_params`` (the client's initialize) say which client features it offers."""
         try:
             session = self._registry.open(principal.token, principal.identity, protocol_version)
         except RegistryFull as full:
             return self._registry_full(full)
+        declared = (init_params or {}).get("capabilities")
+        session.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
         self._saw_tools(session)
         self._metrics.sessions_opened.inc()
         return session
@@ -214,6 +223,31 @@ class Edge:
         self._saw_tools(session)
         return [jsonrpc.notification_message("notifications/tools/list_changed")]
 
+    # --- what goes back to the client during a call ----------------------------------------------
+
+    def relay(self, session: Session, emit: Emit, *, streaming: bool) -> CallRelay:
+        """A call's channel back to its client; ``streaming`` False (JSON only) refuses upstream requests."""
+        return CallRelay(session_key=session.id, emit=emit, asks=self.asks, streaming=streaming,
+                         capabilities=lambda: session.client_capabilities, log_level=lambda: session.log_level)
+
+    def on_response(self, session: Session, response: jsonrpc.Response) -> None:
+        """A client's answer to a request the gateway relayed to it: back to the upstream that asked."""
+        self.asks.answer(session.id, response)
+
+    async def _set_log_level(self, session: Session, request: jsonrpc.Request) -> JsonObj:
+        """Kept per session; upstreams get the most verbose level any live session asked for."""
+        level = (request.params or {}).get("level")
+        if not is_log_level(level):
+            return jsonrpc.error_response(request.id, jsonrpc.INVALID_PARAMS, "logging/setLevel needs a valid level",
+                                          {"error": "invalid_params", "level": str(level)[:40]})
+        assert isinstance(level, str)
+        session.log_level = level
+        wanted = most_verbose(self._registry.log_levels())
+        if wanted is not None and wanted != self._upstream_log_level:
+            self._upstream_log_level = wanted
+            await self._dispatcher.set_upstream_log_level(wanted)
+        return jsonrpc.result_response(request.id, {})
+
     # --- calls ----------------------------------------------------------------------------------
 
     def on_notification(self, caller: Caller, note: jsonrpc.Notification) -> None:
@@ -265,6 +299,8 @@ class Edge:
         session = caller if isinstance(caller, Session) else None
         if session is None:
             return await self._dispatch(caller, request, on_progress)
+        if request.method == "logging/setLevel":
+            return await self._set_log_level(session, request)
         if request.method == "tools/list":
             self._saw_tools(session)
         key = (session.id, request.id)

@@ -127,21 +127,38 @@ class LegacySseTransport:
         elif isinstance(message, jsonrpc.Notification):
             request[RPC_METHOD] = message.method
             edge.on_notification(state.session, message)
+        else:
+            request[RPC_METHOD] = "response"
+            edge.on_response(state.session, message)
         return web.Response(status=202, text="Accepted")
 
     async def _answer(self, state: _Stream, message: jsonrpc.Request) -> None:
         for note in self._edge.owed(state.session, message):
             self._enqueue(state, note)
         if message.method == "initialize":
+            declared = (message.params or {}).get("capabilities")
+            state.session.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
             reply = jsonrpc.result_response(message.id, self._edge.initialize_result(LEGACY_VERSION))
         else:
-            reply = await self._edge.run_admitted(state.session, message)
+            async def emit(out: JsonObj) -> bool:
+                return self._enqueue(state, out)
+
+            # The one stream carries every call's traffic; ids keep the answers apart.
+            relay = self._edge.relay(state.session, emit, streaming=True)
+            try:
+                reply = await self._edge.run_admitted(state.session, message, relay)
+            finally:
+                relay.close()
         self._enqueue(state, reply)
 
-    @staticmethod
-    def _enqueue(state: _Stream, message: JsonObj) -> None:
+    def _enqueue(self, state: _Stream, message: JsonObj) -> bool:
+        """Queue one message for the stream; False when it is gone or too far behind to take more."""
+        if self._streams.get(state.session.id) is not state:
+            return False
         if state.queue.qsize() < MAX_QUEUED:
             state.queue.put_nowait(message)
-        elif not state.queue.full():
+            return True
+        if not state.queue.full():
             log.warning("sse_reader_too_slow", session_id=state.session.id)
             state.queue.put_nowait(None)
+        return False

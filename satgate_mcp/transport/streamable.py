@@ -7,7 +7,9 @@ refusal is the answer. Sessions are found, or rebuilt from the verified token (r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import secrets
 
 from aiohttp import web
 
@@ -17,17 +19,96 @@ from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import Session
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer, sse_event
+from satgate_mcp.transport.relay import CallRelay
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
 
+#: A call that streams nothing for this long gets a comment, so proxies and clients keep the stream open.
+KEEPALIVE_SECONDS = 15.0
+#: Revisions whose streams open with a priming event and carry an id on every event.
+EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
+               "X-Accel-Buffering": "no"}
 
-def _progress_token(request: jsonrpc.Request) -> object:
-    meta = (request.params or {}).get("_meta")
-    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+class CallStream:
+    """The answer to one call: JSON unless something must reach the client first, then SSE from that moment.
+
+    The stream is prepared only by an event the upstream sent (so after every check that can refuse
+    the call), or by a keep-alive once the call is admitted: a refused call keeps its own answer.
+    """
+
+    def __init__(self, request: web.Request, edge: Edge, session: Session, call: jsonrpc.Request,
+                 headers: dict[str, str]) -> None:
+        self._request = request
+        self._edge = edge
+        self._session = session
+        self._call = call
+        self._headers = headers
+        self._event_ids = session.protocol_version in EVENT_ID_VERSIONS
+        self._stream_id = secrets.token_hex(8)
+        self._events = 0
+        self._response: web.StreamResponse | None = None
+        self._lock = asyncio.Lock()
+        self.gone = False
+
+    def _frame(self, message: JsonObj | None) -> bytes:
+        """One event; on 2025-11-25 with an id (the priming event has no data)."""
+        body = sse_event(message) if message is not None else b"data: \n\n"
+        if not self._event_ids:
+            return body
+        self._events += 1
+        return f"id: {self._stream_id}-{self._events}\n".encode() + body
+
+    async def _open(self) -> web.StreamResponse:
+        if self._response is None:
+            response = web.StreamResponse(headers={**self._headers, **SSE_HEADERS})
+            await response.prepare(self._request)
+            self._response = response
+            if self._event_ids:
+                await response.write(self._frame(None))
+            for note in self._edge.owed(self._session, self._call):
+                await response.write(self._frame(note))
+        return self._response
+
+    async def emit(self, message: JsonObj) -> bool:
+        """Write one message; False (and nothing more is tried) once the client is gone."""
+        async with self._lock:
+            if self.gone:
+                return False
+            try:
+                await (await self._open()).write(self._frame(message))
+            except (ConnectionError, RuntimeError):
+                self.gone = True
+                return False
+            return True
+
+    async def keep_alive(self, relay: CallRelay, every: float) -> None:
+        await relay.admitted.wait()
+        while not self.gone:
+            await asyncio.sleep(every)
+            async with self._lock:
+                try:
+                    await (await self._open()).write(b": keepalive\n\n")
+                except (ConnectionError, RuntimeError):
+                    self.gone = True
+
+    async def finish(self, reply: JsonObj) -> web.StreamResponse:
+        """The answer: plain JSON when nothing was streamed and nothing is owed, else the stream's last event."""
+        async with self._lock:
+            if self._response is None and not self._edge.owes(self._session, self._call):
+                return json_answer(reply, headers=self._headers)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                response = await self._open()
+                await response.write(self._frame(reply))
+                await response.write_eof()
+            assert self._response is not None
+            return self._response
 
 
 class StreamableHttpTransport:
-    def __init__(self, edge: Edge) -> None:
+    def __init__(self, edge: Edge, *, keepalive_seconds: float | None = None) -> None:
         self._edge = edge
+        self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
@@ -107,7 +188,7 @@ class StreamableHttpTransport:
         if isinstance(principal, Refusal):
             return refusal_answer(principal, init.id)
         version = rules.negotiate_version((init.params or {}).get("protocolVersion"))
-        session = self._edge.open_session(principal, version)
+        session = self._edge.open_session(principal, version, init.params)
         if isinstance(session, Refusal):
             return refusal_answer(session, init.id)
         request[SESSION_ID] = session.id
@@ -115,9 +196,16 @@ class StreamableHttpTransport:
         return json_answer(body, headers={SESSION_HEADER: session.id, VERSION_HEADER: version})
 
     async def _run(self, request: web.Request, session: Session, post: Post) -> web.StreamResponse:
-        """Notifications take effect, then the requests run: one JSON answer, or an SSE stream for one call."""
-        for note in post.notifications:
-            self._edge.on_notification(session, note)
+        """Notifications and answers to relayed requests take effect, then the requests run.
+
+        A batch answers as one JSON array (no stream: requests to the client are refused for it); a
+        single call answers on its own stream when the client reads one, else as JSON.
+        """
+        for message in post.messages:
+            if isinstance(message, jsonrpc.Notification):
+                self._edge.on_notification(session, message)
+            elif isinstance(message, jsonrpc.Response):
+                self._edge.on_response(session, message)
         requests = post.requests
         headers = {SESSION_HEADER: session.id}
         if not requests:
@@ -125,26 +213,25 @@ class StreamableHttpTransport:
         if post.is_batch:
             return json_answer(await self._edge.run_batch(session, requests), headers=headers)
         single = requests[0]
-        if rules.accepts(request.headers.get("Accept"), "text/event-stream") and (
-                _progress_token(single) is not None or self._edge.owes(session, single)):
-            return await self._stream(request, session, single, headers)
-        return json_answer(await self._edge.run(session, single), headers=headers)
+        if not rules.accepts(request.headers.get("Accept"), "text/event-stream"):
+            relay = self._edge.relay(session, _nowhere, streaming=False)
+            return json_answer(await self._edge.run(session, single, relay), headers=headers)
+        return await self._stream(request, session, single, headers)
 
     async def _stream(self, request: web.Request, session: Session, call: jsonrpc.Request,
                       headers: dict[str, str]) -> web.StreamResponse:
-        """What the session is owed, progress notifications for this request, then its response, as one stream."""
-        response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache, no-transform"})
-        await response.prepare(request)
-        for note in self._edge.owed(session, call):
-            await response.write(sse_event(note))
+        """What the upstream says during the call, then its answer: one stream, prepared only once admitted."""
+        stream = CallStream(request, self._edge, session, call, headers)
+        relay = self._edge.relay(session, stream.emit, streaming=True)
+        keeper = asyncio.ensure_future(stream.keep_alive(relay, self._keepalive))
+        try:
+            reply = await self._edge.run(session, call, relay)
+        finally:
+            keeper.cancel()
+            relay.close()
+        return await stream.finish(reply)
 
-        async def on_progress(params: JsonObj) -> None:
-            # The client may have left; the call itself still completes and is settled.
-            with contextlib.suppress(ConnectionError):
-                await response.write(sse_event(jsonrpc.notification_message("notifications/progress", params)))
 
-        reply = await self._edge.run(session, call, on_progress)
-        await response.write(sse_event(reply))
-        await response.write_eof()
-        return response
+async def _nowhere(message: JsonObj) -> bool:
+    """A JSON-only client has no stream: nothing can be written to it before its answer."""
+    return False

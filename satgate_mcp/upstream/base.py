@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from satgate_mcp.jsonrpc import JsonObj
 
@@ -17,6 +17,34 @@ from satgate_mcp.jsonrpc import JsonObj
 ProgressCallback = Callable[[JsonObj], Awaitable[None]]
 #: Receives server-initiated notifications (method, params), e.g. ``notifications/tools/list_changed``.
 NotificationCallback = Callable[[str, JsonObj | None], Awaitable[None]]
+
+
+
+@runtime_checkable
+class Relay(Protocol):
+    """A call's way back to the client that made it; calling it delivers progress like any ProgressCallback.
+
+    Passed where an ``on_progress`` goes, so the dispatcher and the pool carry it unchanged; the
+    upstream inbox uses the rest for what it attributes to this call.
+    """
+
+    #: The client session the call runs for ("" without one): what stdio attribution compares.
+    session_key: str
+
+    async def __call__(self, params: JsonObj) -> None: ...
+
+    def admit(self) -> None:
+        """Every check that can refuse the call has passed (the answer may now start as a stream)."""
+        ...
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        """A call-related notification (``notifications/message`` ...) for this call's client."""
+        ...
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        """Relay an upstream's request to the client; the client's response message (result or error), never raises."""
+        ...
+
 
 #: The handshake may take longer than a tool call's timeout: a cold child (node, python) needs seconds to start.
 MIN_INITIALIZE_TIMEOUT = 10.0

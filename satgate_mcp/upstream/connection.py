@@ -76,7 +76,7 @@ class UpstreamConnection(Generic[SpecT]):
         self._metrics = metrics
         self._policy = restart_policy or RestartPolicy()
         self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport=transport)
-        self._inbox = Inbox(name, send)
+        self._inbox = Inbox(name, send, shared_pipe=transport == "stdio", metrics=metrics, ask_timeout=spec.timeout)
         self._ids = itertools.count(1)
         self._ready = asyncio.Event()
         self._closing = asyncio.Event()
@@ -146,8 +146,10 @@ class UpstreamConnection(Generic[SpecT]):
         except (UpstreamUnavailable, TimeoutError) as exc:
             self._log.info("upstream_cancel_not_sent", request_id=upstream_id, error=str(exc) or repr(exc))
 
-    def _sort_incoming(self, value: Any) -> list[tuple[jsonrpc.Response, Any]]:
+    def _sort_incoming(self, value: Any, route_key: str | None = None) -> list[tuple[jsonrpc.Response, Any]]:
         """Hand the upstream's notifications and requests to the inbox; return its replies for the caller to match.
+
+        ``route_key`` names the call whose response stream carried ``value``: what it holds belongs to that call.
 
         Invalid messages are logged and skipped: one bad item must not lose the rest of a batch.
         """
@@ -161,5 +163,5 @@ class UpstreamConnection(Generic[SpecT]):
             if isinstance(message, jsonrpc.Response):
                 replies.append((message, item))
             else:
-                self._inbox.handle(message)
+                self._inbox.handle(message, route_key)
         return replies

@@ -128,7 +128,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
                     exc.sent = False  # the handshake failed: this request was never posted
                     raise
                 sent = True
-                reply = await self._exchange(message)
+                reply = await self._exchange(message, route)
                 await self._inbox.close_route(route, drain=True)
             return reply
         except TimeoutError:
@@ -258,11 +258,11 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
 
     # -- exchanges ---------------------------------------------------------------------------
 
-    async def _exchange(self, message: JsonObj) -> JsonObj:
+    async def _exchange(self, message: JsonObj, route: str | None = None) -> JsonObj:
         renewed = False
         while True:
             used = self._session_id
-            status, reply, _ = await self._post(message)
+            status, reply, _ = await self._post(message, route)
             if status == 404 and used is not None and not renewed:
                 self._log.info("upstream_session_expired", method=message["method"])
                 await self._renew(used)
@@ -273,8 +273,11 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             raise self._unavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
                                     status=status)
 
-    async def _post(self, message: JsonObj) -> tuple[int, JsonObj | None, str | None]:
-        """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header)."""
+    async def _post(self, message: JsonObj, route: str | None = None) -> tuple[int, JsonObj | None, str | None]:
+        """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header).
+
+        What the answer carries besides the reply belongs to the call ``route`` names.
+        """
         assert self._http is not None
         headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
                                   protocol_version=self._protocol_version, json_body=True)
@@ -283,9 +286,9 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
                 session_id = resp.headers.get("Mcp-Session-Id")
                 if resp.content_type == "text/event-stream" and resp.status == 200:
-                    return resp.status, await self._read_stream(resp, want), session_id
+                    return resp.status, await self._read_stream(resp, want, route), session_id
                 body = await _read_limited(resp)
-                reply = self._take(body, want) if body.strip() else None
+                reply = self._take(body, want, route) if body.strip() else None
                 if reply is None and resp.status == 200:
                     raise self._unavailable(f"upstream {self.name!r} answered without a reply to the request")
                 return resp.status, reply, session_id
@@ -309,7 +312,8 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         except (aiohttp.ClientError, OSError) as exc:
             raise self._unavailable(f"cannot reach upstream {self.name!r}: {exc}") from None
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None) -> JsonObj | None:
+    async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None,
+                           route: str | None = None) -> JsonObj | None:
         """Handle everything on an event stream until the reply with id ``want`` arrives."""
         decoder = SseDecoder()
         async for chunk in resp.content.iter_any():
@@ -320,12 +324,12 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             for event in batch:
                 if event.event != "message" or not event.data.strip():
                     continue
-                reply = self._take(event.data.encode(), want)
+                reply = self._take(event.data.encode(), want, route)
                 if reply is not None:
                     return reply
         return None
 
-    def _take(self, body: bytes, want: RequestId | None) -> JsonObj | None:
+    def _take(self, body: bytes, want: RequestId | None, route: str | None = None) -> JsonObj | None:
         """Route what arrived; return the reply to ``want`` when it is among it."""
         try:
             value: Any = json.loads(body)
@@ -333,7 +337,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             self._log.warning("upstream_output_not_json", body=clip(body.decode("utf-8", "replace"), 500))
             return None
         found = None
-        for message, item in self._sort_incoming(value):
+        for message, item in self._sort_incoming(value, route):
             # A null id with an error is a refusal of the whole POST: it answers ours too.
             if want is not None and (message.id == want or (message.id is None and message.error)):
                 found = item

@@ -92,7 +92,7 @@ class UpstreamPool:
     # -- what the gateway advertises ---------------------------------------------------------
 
     def capabilities(self) -> JsonObj:
-        """Tools always; resources, prompts and completions when some upstream offers them.
+        """Tools always; resources, prompts, completions and logging when some upstream offers them.
 
         No ``subscribe``/``listChanged`` for resources and prompts: the gateway has no stream
         to deliver their updates on.
@@ -100,13 +100,23 @@ class UpstreamPool:
         caps: JsonObj = {"tools": {"listChanged": True}}
         for upstream in self._upstreams.values():
             offered = (upstream.initialize_result or {}).get("capabilities") or {}
-            for key in ("resources", "prompts", "completions"):
+            for key in ("resources", "prompts", "completions", "logging"):
                 if key in offered:
                     caps[key] = {}
         return caps
 
     def tools(self) -> list[JsonObj]:
         return [dict(tool) for tool in self._catalog.tools]
+
+    async def set_log_level(self, level: str) -> None:
+        """``logging/setLevel`` to every ready upstream that offers logging; one that fails is logged, not fatal."""
+        names = [n for n in self._order if self._upstreams[n].ready and self._offers(n, "logging")]
+        replies = await asyncio.gather(*(self._upstreams[n].request("logging/setLevel", {"level": level})
+                                         for n in names), return_exceptions=True)
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, BaseException) or "error" in reply:
+                log.warning("upstream_set_log_level_failed", upstream=name, level=level,
+                            error=repr(reply) if isinstance(reply, BaseException) else reply.get("error"))
 
     @property
     def tools_version(self) -> int:

@@ -24,11 +24,24 @@ INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "
                  "TERM", "SYSTEMROOT")
 
 
+#: What the gateway offers upstreams on behalf of its clients: it relays each such request to the
+#: client whose call caused it (and relays that client's refusal when it lacks the feature).
+CLIENT_CAPABILITIES: JsonObj = {"sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {}}
+
+#: Notifications about the upstream as a whole (the pool's business); any other belongs to a call.
+POOL_NOTIFICATION_SUFFIXES = ("/list_changed",)
+POOL_NOTIFICATIONS = frozenset({"notifications/resources/updated"})
+
+
+def is_pool_notification(method: str) -> bool:
+    return method in POOL_NOTIFICATIONS or method.endswith(POOL_NOTIFICATION_SUFFIXES)
+
+
 def initialize_params() -> JsonObj:
-    """The gateway offers no client capabilities: it answers sampling/roots/elicitation with errors."""
+    """Sampling, elicitation (form and url) and roots are offered: the gateway relays them to the caller's client."""
     return {
         "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-        "capabilities": {},
+        "capabilities": CLIENT_CAPABILITIES,
         "clientInfo": {"name": SERVER_NAME, "version": __version__},
     }
 
@@ -71,13 +84,17 @@ def cancelled_params(request_id: RequestId, reason: str) -> JsonObj:
     return {"requestId": request_id, "reason": reason}
 
 
-def answer_server_request(request: jsonrpc.Request) -> JsonObj:
-    """The gateway has no client features: pong for ping, method-not-found for the rest, so nothing waits."""
-    if request.method == "ping":
-        return jsonrpc.result_response(request.id, {})
-    return jsonrpc.error_response(
-        request.id, jsonrpc.METHOD_NOT_FOUND, f"the gateway does not offer {request.method!r} to upstreams"
-    )
+def unattributed_refusal(request: jsonrpc.Request, upstream: str, *, shared_pipe: bool) -> JsonObj:
+    """The answer to an upstream request no single client can be named for: refused, never guessed."""
+    if shared_pipe:
+        why = (f'upstream {upstream!r} is one child shared by every client ("isolation": "shared") and calls from '
+               "several client sessions (or none) are in flight, so the gateway cannot tell which client "
+               f"{request.method!r} is for")
+    else:
+        why = (f"upstream {upstream!r} sent {request.method!r} outside the response stream of any call, so the "
+               "gateway cannot tell which client it is for")
+    return jsonrpc.error_response(request.id, jsonrpc.INVALID_REQUEST, why,
+                                  {"error": "unattributable", "upstream": upstream, "isolation": "shared"})
 
 
 def backoff_delay(attempt: int, *, base: float = 0.1, cap: float = 10.0) -> float:

@@ -85,3 +85,19 @@ async def test_rate_limits_are_per_token(deploy: Deploy) -> None:
     assert echoed(await gw.call(alice, alice_sid, text="hi"))
     assert refused_for(await gw.call(alice, alice_sid, request_id=2)) == "rate_limited"
     assert echoed(await gw.call(bob, bob_sid, text="hi"))
+
+
+async def test_attack_a_refused_call_that_asked_for_progress_is_never_a_200_stream_carrying_the_error(
+        deploy: Deploy) -> None:
+    """Every check that can refuse a call runs before its answer is prepared: a refusal is a plain JSON answer."""
+    deployment = deploy(rate_limit="1/s", rate_burst=1)
+    gw = await deployment.start()
+    token = mint()
+    sid = await gw.initialize(token)
+    assert echoed(await gw.call(token, sid, request_id=1, text="hi"))
+    params = {"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": "p-1"}}
+
+    refused = await gw.rpc(token, sid, "tools/call", params, request_id=2)
+
+    assert refused.headers["Content-Type"].startswith("application/json")
+    assert refused_for(refused) == "rate_limited"

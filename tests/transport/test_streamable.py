@@ -975,3 +975,23 @@ def test_inflight_limiter_bounds(per_token: int, total: int, acquires: list[tupl
     limiter.release("a")  # an unmatched release never goes negative
     assert limiter.in_flight == 0
     assert limiter.room("a") == min(per_token, total)
+
+
+async def test_a_long_call_streams_keep_alive_comments_once_admitted(
+        gateway_factory: GatewayFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    from satgate_mcp.transport import streamable
+
+    monkeypatch.setattr(streamable, "KEEPALIVE_SECONDS", 0.01)
+    gw = await gateway_factory()
+    session = await gw.initialize("2025-11-25")
+    resp = await gw.post(call_tool(7, "block"), session=session)  # headers come with the first keep-alive
+    assert resp.status == 200
+    assert resp.content_type == "text/event-stream"
+    assert resp.headers["X-Accel-Buffering"] == "no"
+    assert (await resp.content.readline()).startswith(b"id: ")  # the priming event
+    while (line := await resp.content.readline()) != b": keepalive\n":
+        assert line in (b"data: \n", b"\n"), line
+    gw.pool.release.set()
+    rest = (await resp.content.read()).decode()
+    assert '"id":7' in rest
+    assert '"result"' in rest

@@ -14,14 +14,15 @@ from satgate_mcp.upstream.wire import (
     RestartPolicy,
     SseDecoder,
     SseEvent,
-    answer_server_request,
     backoff_delay,
     check_initialize_result,
     child_env,
     describe_exit,
     initialize_params,
+    is_pool_notification,
     restart_plan,
     rewrite_progress_token,
+    unattributed_refusal,
 )
 
 
@@ -45,21 +46,32 @@ def test_the_callers_progress_token_is_swapped_for_the_gateways(
 
 
 @pytest.mark.parametrize(
-    ("method", "expected"),
+    ("method", "pool"),
     [
-        pytest.param("ping", {"jsonrpc": "2.0", "id": 4, "result": {}}, id="ping-gets-pong"),
-        pytest.param("roots/list", jsonrpc.METHOD_NOT_FOUND, id="roots-refused"),
-        pytest.param("sampling/createMessage", jsonrpc.METHOD_NOT_FOUND, id="sampling-refused"),
-        pytest.param("elicitation/create", jsonrpc.METHOD_NOT_FOUND, id="elicitation-refused"),
+        pytest.param("notifications/tools/list_changed", True, id="tools-changed-is-the-pools"),
+        pytest.param("notifications/prompts/list_changed", True, id="prompts-changed-is-the-pools"),
+        pytest.param("notifications/resources/updated", True, id="resource-updated-is-the-pools"),
+        pytest.param("notifications/message", False, id="log-message-belongs-to-a-call"),
+        pytest.param("notifications/elicitation/complete", False, id="elicitation-complete-belongs-to-a-call"),
+        pytest.param("notifications/custom", False, id="anything-else-belongs-to-a-call"),
     ],
 )
-def test_every_server_request_gets_an_answer(method: str, expected: JsonObj | int) -> None:
-    answer = answer_server_request(jsonrpc.Request(4, method, None))
-    if isinstance(expected, dict):
-        assert answer == expected
-    else:
-        assert answer["id"] == 4
-        assert answer["error"]["code"] == expected
+def test_only_notifications_about_the_upstream_itself_skip_attribution(method: str, pool: bool) -> None:
+    assert is_pool_notification(method) is pool
+
+
+@pytest.mark.parametrize("shared_pipe", [pytest.param(True, id="stdio"), pytest.param(False, id="http")])
+def test_an_unattributable_request_is_refused_naming_the_isolation_setting(shared_pipe: bool) -> None:
+    answer = unattributed_refusal(jsonrpc.Request(4, "roots/list", None), "files", shared_pipe=shared_pipe)
+    assert answer["id"] == 4
+    assert answer["error"]["data"] == {"error": "unattributable", "upstream": "files", "isolation": "shared"}
+    assert "'roots/list'" in answer["error"]["message"]
+    assert ('"isolation": "shared"' in answer["error"]["message"]) is shared_pipe
+
+
+def test_the_gateway_offers_upstreams_the_client_features_it_relays() -> None:
+    assert initialize_params()["capabilities"] == {"sampling": {}, "elicitation": {"form": {}, "url": {}},
+                                                   "roots": {}}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,179 @@
+"""A call's channel back to its client: progress, log messages and upstream requests, then the answer.
+
+The upstream inbox hands each call what it attributed to it (``Relay``); this side decides what the
+client may receive (its capabilities, its log level, whether it reads a stream at all) and keeps the
+requests waiting for the client's answer under ids the gateway assigns, so only the session that
+was asked can answer, and an upstream's own ids never reach a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj
+
+log = structlog.get_logger("satgate_mcp.transport.relay")
+
+#: RFC 5424 severities as MCP names them, most verbose first.
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+_RANK = {level: rank for rank, level in enumerate(LOG_LEVELS)}
+
+#: Which client capability each upstream request needs.
+NEEDS_CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+
+#: An id the gateway gives a request it relays to a client: unguessable, so no other client can answer it.
+ASK_ID_PREFIX = "satgate-"
+
+
+def is_log_level(value: object) -> bool:
+    return isinstance(value, str) and value in _RANK
+
+
+def most_verbose(levels: list[str]) -> str | None:
+    """The level upstreams are set to: the most verbose any session asked for."""
+    known = [level for level in levels if level in _RANK]
+    return min(known, key=_RANK.__getitem__) if known else None
+
+
+def log_message_passes(params: JsonObj | None, wanted: str | None) -> bool:
+    """A session receives messages at or above its own level; with none set, everything."""
+    if wanted is None:
+        return True
+    level = (params or {}).get("level")
+    return isinstance(level, str) and _RANK.get(level, -1) >= _RANK.get(wanted, 0)
+
+
+def ask_refusal(method: str, params: JsonObj | None, *, streaming: bool,
+                capabilities: dict[str, object] | None) -> str | None:
+    """Why this upstream request cannot be put to this client, or None to relay it.
+
+    Unknown capabilities (a resumed session) relay: the client's own refusal then goes back.
+    """
+    if not streaming:
+        return (f"the client reads answers as JSON only (its Accept has no text/event-stream), so the gateway "
+                f"cannot relay {method!r} to it")
+    needed = NEEDS_CAPABILITY.get(method)
+    if capabilities is None or needed is None:
+        return None
+    offered = capabilities.get(needed)
+    if not isinstance(offered, dict):
+        return f"the client did not declare the {needed!r} capability"
+    if method == "elicitation/create":
+        mode = (params or {}).get("mode", "form")
+        # A client that declares plain ``elicitation: {}`` supports form mode only.
+        modes = {m for m in ("form", "url") if m in offered} or {"form"}
+        if mode not in modes:
+            return f"the client does not support elicitation mode {mode!r}"
+    return None
+
+
+@dataclass(slots=True)
+class _Ask:
+    session_id: str
+    answer: asyncio.Future[JsonObj]
+
+
+class PendingAsks:
+    """Requests relayed to clients, waiting for their answers; one per process, keyed by gateway id."""
+
+    def __init__(self) -> None:
+        self._asks: dict[str, _Ask] = {}
+
+    def __len__(self) -> int:
+        return len(self._asks)
+
+    def open(self, session_id: str) -> tuple[str, asyncio.Future[JsonObj]]:
+        ask_id = ASK_ID_PREFIX + secrets.token_urlsafe(18)
+        future: asyncio.Future[JsonObj] = asyncio.get_running_loop().create_future()
+        self._asks[ask_id] = _Ask(session_id, future)
+        return ask_id, future
+
+    def close(self, ask_id: str) -> None:
+        self._asks.pop(ask_id, None)
+
+    def cancel(self, ask_id: str) -> None:
+        ask = self._asks.get(ask_id)
+        if ask is not None:
+            ask.answer.cancel()
+
+    def answer(self, session_id: str, response: jsonrpc.Response) -> bool:
+        """Take a client's answer; only the session that was asked may answer (anything else is ignored)."""
+        ask = self._asks.get(response.id) if isinstance(response.id, str) else None
+        if ask is None or ask.session_id != session_id or ask.answer.done():
+            log.info("client_answer_unmatched", session_id=session_id, request_id=str(response.id)[:80])
+            return False
+        message: JsonObj = ({"jsonrpc": "2.0", "id": None, "error": response.error} if response.error is not None
+                            else {"jsonrpc": "2.0", "id": None, "result": response.result})
+        ask.answer.set_result(message)
+        return True
+
+
+def refused(message: str) -> JsonObj:
+    return jsonrpc.error_response(None, jsonrpc.INVALID_REQUEST, message, {"error": "not_relayed"})
+
+
+#: Writes one message to the call's client; False when the client is gone.
+Emit = Callable[[JsonObj], Awaitable[bool]]
+
+
+class CallRelay:
+    """One call's ``Relay``: what the upstream attributed to it, filtered for its client and written by ``emit``."""
+
+    def __init__(self, *, session_key: str, emit: Emit, asks: PendingAsks, streaming: bool,
+                 capabilities: Callable[[], dict[str, object] | None], log_level: Callable[[], str | None]) -> None:
+        self.session_key = session_key
+        self._emit = emit
+        self._asks = asks
+        self._streaming = streaming
+        self._capabilities = capabilities
+        self._log_level = log_level
+        self._open: set[str] = set()
+        #: Set once every check that can refuse the call has passed: only then may its answer start streaming.
+        self.admitted = asyncio.Event()
+
+    def admit(self) -> None:
+        self.admitted.set()
+
+    async def __call__(self, params: JsonObj) -> None:
+        """Progress for this call; without the client's token it answers nothing the client asked for."""
+        if self._streaming and params.get("progressToken") is not None:
+            await self._emit(jsonrpc.notification_message("notifications/progress", params))
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        if not self._streaming:
+            return
+        if method == "notifications/message" and not log_message_passes(params, self._log_level()):
+            return
+        await self._emit(jsonrpc.notification_message(method, params))
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        why = ask_refusal(method, params, streaming=self._streaming, capabilities=self._capabilities())
+        if why is not None:
+            return refused(why)
+        ask_id, answer = self._asks.open(self.session_key)
+        self._open.add(ask_id)
+        try:
+            if not await self._emit(jsonrpc.request_message(ask_id, method, params)):
+                return refused(f"the client that made this call has left; {method!r} was not relayed")
+            async with asyncio.timeout(timeout):
+                return await answer
+        except TimeoutError:
+            return refused(f"the client did not answer {method!r} within {timeout:g}s")
+        except asyncio.CancelledError:
+            if answer.cancelled():  # the call ended while its client still had the question
+                return refused(f"the call ended before the client answered {method!r}")
+            raise
+        finally:
+            self._open.discard(ask_id)
+            self._asks.close(ask_id)
+
+    def close(self) -> None:
+        """The call is over: questions its client has not answered are answered upstream as refused."""
+        for ask_id in list(self._open):
+            self._asks.cancel(ask_id)
