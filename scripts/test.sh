@@ -28,3 +28,11 @@ if [ -f scripts/check-deploy.sh ]; then
 fi
 echo "== pytest"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+# The official MCP conformance suite, directly and through the gateway (npm install into .conformance/ once).
+# SATGATE_CONFORMANCE=0 skips it for a quick local run; CI (.ci/run) always runs it.
+if [ "${SATGATE_CONFORMANCE:-1}" != "0" ]; then
+  echo "== conformance"
+  "$VENV/bin/python" scripts/conformance.py
+else
+  echo "== conformance skipped (SATGATE_CONFORMANCE=0)"
+fi

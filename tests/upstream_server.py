@@ -7,16 +7,23 @@ cancellation (``hang``, ``cancelled_count``), crashes (``crash``), credential st
 (``headers``, ``seen_meta``), ``notifications/tools/list_changed`` (``add_tool``) and
 server-to-client requests (``ask_client``). ``--prefix`` renames the tools and the prompt so two
 servers can advertise clashing or distinct names; ``--many-tools N`` adds N tools and makes
-``tools/list`` paginate.
+``tools/list`` paginate. ``--conformance`` adds the tools, resources, prompts, logging and resumable
+streams the official MCP conformance suite's server scenarios call (scripts/conformance.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import io
 import json
 import os
+import re
+import struct
 import sys
+import wave
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +34,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
+from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+from mcp.shared.message import ServerMessageMetadata
 
 JsonObj = dict[str, Any]
 
@@ -118,6 +127,7 @@ class State:
     cancelled: list[Any] = field(default_factory=list)
     hang_interrupted: int = 0
     log_level: str | None = None
+    conformance: ConformanceState | None = None  # set by --conformance
 
     def tool_defs(self) -> list[JsonObj]:
         out = []
@@ -139,6 +149,275 @@ def _page(items: list[JsonObj], cursor: str | None, size: int, key: str) -> Json
     return page
 
 
+# --------------------------------------------------------------------------------------------------
+# Conformance scenario block (``--conformance``): the tools, resources and prompts the official MCP
+# conformance suite's server scenarios call, written from each scenario's stated expectations. Off by
+# default so the suite's own tests see the server exactly as before; scripts/conformance.py turns it on.
+# --------------------------------------------------------------------------------------------------
+
+
+def _tiny_png() -> str:
+    """A 1x1 red PNG, built here so no binary blob lives in the source."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00\xff\x00\x00")
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    return base64.b64encode(png).decode()
+
+
+def _tiny_wav() -> str:
+    """A tenth of a second of 8 kHz silence as WAV."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(1)
+        out.setframerate(8000)
+        out.writeframes(b"\x80" * 800)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+CONF_PNG = _tiny_png()
+CONF_WAV = _tiny_wav()
+CONF_LOG_LEVELS = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+
+CONF_SCHEMA_2020_12: JsonObj = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                          "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"},
+                   "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                   "phone": {"type": "string"}, "email": {"type": "string"}},
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
+    "additionalProperties": False,
+}
+
+#: Conformance tool name -> input schema.
+CONF_TOOLS: dict[str, JsonObj] = {
+    "test_simple_text": _schema(),
+    "test_image_content": _schema(),
+    "test_audio_content": _schema(),
+    "test_embedded_resource": _schema(),
+    "test_multiple_content_types": _schema(),
+    "test_tool_with_logging": _schema(),
+    "test_error_handling": _schema(),
+    "test_tool_with_progress": _schema(),
+    "test_sampling": _schema(prompt="string"),
+    "test_elicitation": _schema(message="string"),
+    "test_elicitation_sep1034_defaults": _schema(),
+    "test_elicitation_sep1330_enums": _schema(),
+    "test_reconnection": _schema(),
+    "json_schema_2020_12_tool": CONF_SCHEMA_2020_12,
+}
+
+CONF_ELICIT_USER: JsonObj = {
+    "type": "object",
+    "properties": {"username": {"type": "string", "description": "User's response"},
+                   "email": {"type": "string", "description": "User's email address"}},
+    "required": ["username", "email"],
+}
+
+CONF_ELICIT_DEFAULTS: JsonObj = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "default": "John Doe"},
+        "age": {"type": "integer", "default": 30},
+        "score": {"type": "number", "default": 95.5},
+        "status": {"type": "string", "enum": ["active", "inactive", "pending"], "default": "active"},
+        "verified": {"type": "boolean", "default": True},
+    },
+}
+
+
+def _titled(prefix: str, *titles: str) -> list[JsonObj]:
+    return [{"const": f"value{i}", "title": f"{title} {prefix}"} for i, title in enumerate(titles, 1)]
+
+
+CONF_ELICIT_ENUMS: JsonObj = {
+    "type": "object",
+    "properties": {
+        "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+        "titledSingle": {"type": "string", "oneOf": _titled("Option", "First", "Second", "Third")},
+        "legacyEnum": {"type": "string", "enum": ["opt1", "opt2", "opt3"],
+                       "enumNames": ["Option One", "Option Two", "Option Three"]},
+        "untitledMulti": {"type": "array", "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+        "titledMulti": {"type": "array", "items": {"anyOf": _titled("Choice", "First", "Second", "Third")}},
+    },
+}
+
+CONF_RESOURCES: list[JsonObj] = [
+    {"uri": "test://static-text", "name": "static-text", "description": "A static text resource",
+     "mimeType": "text/plain"},
+    {"uri": "test://static-binary", "name": "static-binary", "description": "A static PNG resource",
+     "mimeType": "image/png"},
+    {"uri": "test://watched-resource", "name": "watched-resource", "description": "A resource to subscribe to",
+     "mimeType": "text/plain"},
+]
+CONF_TEMPLATE: JsonObj = {"uriTemplate": "test://template/{id}/data", "name": "template-data",
+                          "description": "Data for an id", "mimeType": "application/json"}
+
+CONF_PROMPTS: list[JsonObj] = [
+    {"name": "test_simple_prompt", "description": "A prompt without arguments"},
+    {"name": "test_prompt_with_arguments", "description": "A prompt with two arguments",
+     "arguments": [{"name": "arg1", "description": "First test argument", "required": True},
+                   {"name": "arg2", "description": "Second test argument", "required": True}]},
+    {"name": "test_prompt_with_embedded_resource", "description": "A prompt embedding a resource",
+     "arguments": [{"name": "resourceUri", "description": "URI of the resource to embed", "required": True}]},
+    {"name": "test_prompt_with_image", "description": "A prompt with an image"},
+]
+
+
+@dataclass
+class ConformanceState:
+    """Per-session log levels (keyed by session object id) and subscribed URIs."""
+
+    log_levels: dict[int, str] = field(default_factory=dict)
+    subscribed: set[str] = field(default_factory=set)
+
+
+def conf_tool_defs() -> list[JsonObj]:
+    return [{"name": name, "description": f"conformance tool {name}", "inputSchema": schema}
+            for name, schema in CONF_TOOLS.items()]
+
+
+def _user_text(text: str) -> JsonObj:
+    return {"role": "user", "content": {"type": "text", "text": text}}
+
+
+def conf_read(uri: str) -> JsonObj | None:
+    """The contents of a conformance resource, or None when the URI is not one."""
+    if uri == "test://static-text":
+        return {"uri": uri, "mimeType": "text/plain", "text": "This is the content of the static text resource."}
+    if uri == "test://static-binary":
+        return {"uri": uri, "mimeType": "image/png", "blob": CONF_PNG}
+    if uri == "test://watched-resource":
+        return {"uri": uri, "mimeType": "text/plain", "text": "Watched resource content."}
+    match = re.fullmatch(r"test://template/([^/]+)/data", uri)
+    if match:
+        ident = match.group(1)
+        body = {"id": ident, "templateTest": True, "data": f"Data for ID: {ident}"}
+        return {"uri": uri, "mimeType": "application/json", "text": json.dumps(body, separators=(",", ":"))}
+    return None
+
+
+def conf_prompt(name: str, args: Mapping[str, str]) -> JsonObj | None:
+    """The messages of a conformance prompt, or None when the name is not one."""
+    if name == "test_simple_prompt":
+        return {"messages": [_user_text("This is a simple prompt for testing.")]}
+    if name == "test_prompt_with_arguments":
+        text = f"Prompt with arguments: arg1='{args.get('arg1', '')}', arg2='{args.get('arg2', '')}'"
+        return {"messages": [_user_text(text)]}
+    if name == "test_prompt_with_embedded_resource":
+        resource = {"uri": args.get("resourceUri", "test://example-resource"), "mimeType": "text/plain",
+                    "text": "Embedded resource content for testing."}
+        return {"messages": [{"role": "user", "content": {"type": "resource", "resource": resource}},
+                             _user_text("Please process the embedded resource above.")]}
+    if name == "test_prompt_with_image":
+        image = {"type": "image", "data": CONF_PNG, "mimeType": "image/png"}
+        return {"messages": [{"role": "user", "content": image}, _user_text("Please analyze the image above.")]}
+    return None
+
+
+def conf_log_allowed(level: str, threshold: str) -> bool:
+    return CONF_LOG_LEVELS.index(level) >= CONF_LOG_LEVELS.index(threshold)
+
+
+async def conf_run_tool(ctx: ServerRequestContext[Any], conf: ConformanceState, name: str, args: JsonObj) -> JsonObj:
+    """One conformance tool call; the result dict is what the scenario expects."""
+    related = ServerMessageMetadata(related_request_id=ctx.request_id)
+    if name == "test_simple_text":
+        return _text("This is a simple text response for testing.")
+    if name == "test_image_content":
+        return {"content": [{"type": "image", "data": CONF_PNG, "mimeType": "image/png"}]}
+    if name == "test_audio_content":
+        return {"content": [{"type": "audio", "data": CONF_WAV, "mimeType": "audio/wav"}]}
+    if name == "test_embedded_resource":
+        resource = {"uri": "test://embedded-resource", "mimeType": "text/plain",
+                    "text": "This is an embedded resource content."}
+        return {"content": [{"type": "resource", "resource": resource}]}
+    if name == "test_multiple_content_types":
+        resource = {"uri": "test://mixed-content-resource", "mimeType": "application/json",
+                    "text": json.dumps({"test": "data", "value": 123})}
+        return {"content": [{"type": "text", "text": "Multiple content types test:"},
+                            {"type": "image", "data": CONF_PNG, "mimeType": "image/png"},
+                            {"type": "resource", "resource": resource}]}
+    if name == "test_tool_with_logging":
+        threshold = conf.log_levels.get(id(ctx.session), "debug")
+        for i, message in enumerate(["Tool execution started", "Tool processing data", "Tool execution completed"]):
+            if i:
+                await anyio.sleep(0.05)
+            if conf_log_allowed("info", threshold):
+                await ctx.session.send_log_message("info", message, "conformance", ctx.request_id)
+        return _text("Logging tool finished")
+    if name == "test_error_handling":
+        return {"content": [{"type": "text", "text": "This tool intentionally returns an error for testing"}],
+                "isError": True}
+    if name == "test_tool_with_progress":
+        for i, value in enumerate([0, 50, 100]):
+            if i:
+                await anyio.sleep(0.05)
+            await ctx.session.report_progress(value, 100)  # a no-op without a progress token
+        return _text("Progress tool finished")
+    if name == "test_sampling":
+        request = types.CreateMessageRequest.model_validate({"method": "sampling/createMessage", "params": {
+            "messages": [_user_text(str(args.get("prompt", "")))], "maxTokens": 100}})
+        sampled = await ctx.session.send_request(request, types.CreateMessageResult, metadata=related)
+        answer = sampled.content.text if isinstance(sampled.content, types.TextContent) else str(sampled.content)
+        return _text(f"LLM response: {answer}")
+    if name in ("test_elicitation", "test_elicitation_sep1034_defaults", "test_elicitation_sep1330_enums"):
+        schema = {"test_elicitation": CONF_ELICIT_USER, "test_elicitation_sep1034_defaults": CONF_ELICIT_DEFAULTS,
+                  "test_elicitation_sep1330_enums": CONF_ELICIT_ENUMS}[name]
+        message = str(args.get("message", f"Please answer {name}"))
+        request_e = types.ElicitRequest.model_validate({"method": "elicitation/create", "params": {
+            "message": message, "requestedSchema": schema}})
+        elicited = await ctx.session.send_request(request_e, types.ElicitResult, metadata=related)
+        content = json.dumps(elicited.content)
+        if name == "test_elicitation":
+            return _text(f"User response: action={elicited.action}, content={content}")
+        return _text(f"Elicitation completed: action={elicited.action}, content={content}")
+    if name == "test_reconnection":
+        await anyio.sleep(0.05)
+        if ctx.close_sse_stream is not None:  # only with an event store: the client resumes with Last-Event-ID
+            await ctx.close_sse_stream()
+        await anyio.sleep(0.2)
+        return _text("Reconnection test finished")
+    if name == "json_schema_2020_12_tool":
+        return _text(json.dumps(args))
+    return {"content": [{"type": "text", "text": f"unknown tool {name}"}], "isError": True}
+
+
+class ConformanceEventStore(EventStore):
+    """Keeps every event in memory so a client that lost a stream can resume it (test_reconnection)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, types.JSONRPCMessage | None]] = []
+
+    async def store_event(self, stream_id: str, message: types.JSONRPCMessage | None) -> str:
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> str | None:
+        found = [i for i, (event_id, _, _) in enumerate(self.events) if event_id == last_event_id]
+        if not found:
+            return None
+        stream_id = self.events[found[0]][1]
+        for event_id, stream, message in self.events[found[0] + 1 :]:
+            if stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
+
+
+# --------------------------------------------------------------------------------------------------
+# End of the conformance scenario block.
+# --------------------------------------------------------------------------------------------------
+
+
 class _Server(Server[Any]):
     """Advertises ``tools.listChanged`` on every transport (the HTTP manager passes no options)."""
 
@@ -157,13 +436,16 @@ def build_server(state: State) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        page = _page(state.tool_defs(), params.cursor if params else None, state.page_size, "tools")
+        defs = state.tool_defs() + (conf_tool_defs() if state.conformance else [])
+        page = _page(defs, params.cursor if params else None, state.page_size, "tools")
         return types.ListToolsResult.model_validate(page)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         return types.CallToolResult.model_validate(await run_tool(ctx, params))
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
+        if state.conformance is not None and params.name in CONF_TOOLS:
+            return await conf_run_tool(ctx, state.conformance, params.name, params.arguments or {})
         if params.name not in state.tools:
             return {"content": [{"type": "text", "text": f"unknown tool {params.name}"}], "isError": True}
         tool = params.name.removeprefix(state.prefix)
@@ -225,24 +507,44 @@ def build_server(state: State) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         res = [{"uri": f"memo://{state.name}/readme", "name": f"{state.name}-readme", "mimeType": "text/plain"}]
+        res += CONF_RESOURCES if state.conformance else []
         return types.ListResourcesResult.model_validate({"resources": res})
 
     async def list_templates(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         templates = [{"uriTemplate": f"memo://{state.name}/notes/{{id}}", "name": f"{state.name}-notes"}]
+        templates += [CONF_TEMPLATE] if state.conformance else []
         return types.ListResourceTemplatesResult.model_validate({"resourceTemplates": templates})
 
     async def read_resource(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
+        found = conf_read(uri) if state.conformance else None
+        if found is not None:
+            return types.ReadResourceResult.model_validate({"contents": [found]})
         if not uri.startswith(f"memo://{state.name}/"):
             raise ValueError(f"no resource {uri}")
         text = f"hello from {state.name}: {uri}"
         return types.ReadResourceResult.model_validate({"contents": [{"uri": uri, "text": text}]})
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        if state.conformance is not None:
+            state.conformance.subscribed.add(str(params.uri))
+        return types.EmptyResult()
+
+    async def unsubscribe(
+        ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        if state.conformance is not None:
+            state.conformance.subscribed.discard(str(params.uri))
+        return types.EmptyResult()
+
+    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        state.log_level = params.level
+        if state.conformance is not None:
+            state.conformance.log_levels[id(ctx.session)] = params.level
         return types.EmptyResult()
 
     async def list_prompts(
@@ -250,9 +552,13 @@ def build_server(state: State) -> Server[Any]:
     ) -> types.ListPromptsResult:
         prompt = {"name": f"{state.prefix}greet", "description": f"greeting from {state.name}",
                   "arguments": [{"name": "who", "required": True}]}
-        return types.ListPromptsResult.model_validate({"prompts": [prompt]})
+        extra = CONF_PROMPTS if state.conformance else []
+        return types.ListPromptsResult.model_validate({"prompts": [prompt, *extra]})
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        found = conf_prompt(params.name, params.arguments or {}) if state.conformance else None
+        if found is not None:
+            return types.GetPromptResult.model_validate(found)
         who = (params.arguments or {}).get("who", "world")
         message = {"role": "user", "content": {"type": "text", "text": f"{state.name} greets {who}"}}
         return types.GetPromptResult.model_validate({"messages": [message]})
@@ -260,10 +566,6 @@ def build_server(state: State) -> Server[Any]:
     async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> types.CompleteResult:
         values = [f"{state.name}-{params.argument.value}"]
         return types.CompleteResult.model_validate({"completion": {"values": values, "hasMore": False}})
-
-    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
-        state.log_level = params.level
-        return types.EmptyResult()
 
     async def on_cancelled(ctx: ServerRequestContext[Any], params: types.CancelledNotificationParams) -> None:
         state.cancelled.append(params.request_id)
@@ -280,6 +582,8 @@ def build_server(state: State) -> Server[Any]:
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
         on_completion=complete,
+        # Only the conformance block offers unsubscribe, so the default server's capabilities stay as they were.
+        on_unsubscribe_resource=unsubscribe if state.conformance else None,
         on_set_logging_level=set_level,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
@@ -300,7 +604,9 @@ async def run_http(state: State, host: str, port: int, json_response: bool) -> N
     import uvicorn
 
     server = build_server(state)
-    app = server.streamable_http_app(host=host, json_response=json_response)
+    # The conformance block resumes streams (test_reconnection), which needs an event store.
+    resumable: JsonObj = {"event_store": ConformanceEventStore(), "retry_interval": 100} if state.conformance else {}
+    app = server.streamable_http_app(host=host, json_response=json_response, **resumable)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     web = uvicorn.Server(config)
     serving = asyncio.create_task(web.serve())
@@ -324,13 +630,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
+    parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     page_size = args.page_size if args.page_size is not None else (10 if args.many_tools else 0)
-    state = State(name=args.name, prefix=args.prefix, page_size=page_size)
+    state = State(name=args.name, prefix=args.prefix, page_size=page_size,
+                  conformance=ConformanceState() if args.conformance else None)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     if args.mode == "stdio":
         asyncio.run(run_stdio(state))

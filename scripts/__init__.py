@@ -1,0 +1,1 @@
+"""Developer scripts; a package so the test suite can import their pure parts."""

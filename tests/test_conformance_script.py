@@ -1,0 +1,92 @@
+"""The pure parts of scripts/conformance.py: reading the runner's results and the rule that decides the exit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scripts.conformance import (
+    Checks,
+    load_expected,
+    parse_checks,
+    regressions,
+    scenario_of,
+    stale,
+    table,
+    unexpected,
+)
+
+
+@pytest.mark.parametrize(("dirname", "scenario"), [
+    pytest.param("server-tools-list-2026-12-02T17-17-28-635Z", "tools-list", id="plain"),
+    pytest.param("server-server-sse-polling-2026-12-02T17-17-39-422Z", "server-sse-polling", id="server-prefixed"),
+    pytest.param("checks.json", None, id="not-a-result-dir"),
+    pytest.param("server-tools-list", None, id="no-timestamp"),
+])
+def test_result_dir_names_the_scenario(dirname: str, scenario: str | None) -> None:
+    assert scenario_of(dirname) == scenario
+
+
+@pytest.mark.parametrize(("checks", "parsed"), [
+    pytest.param([{"id": "ping", "status": "SUCCESS"}], {("s", "ping"): "SUCCESS"}, id="one"),
+    pytest.param([{"id": "e", "status": "INFO"}, {"id": "e", "status": "FAILURE"}, {"id": "e", "status": "INFO"}],
+                 {("s", "e"): "FAILURE"}, id="repeated-check-counts-with-its-worst-status"),
+    pytest.param([{"id": "w", "status": "SUCCESS"}, {"id": "w", "status": "WARNING"}],
+                 {("s", "w"): "WARNING"}, id="warning-is-worse-than-success"),
+    pytest.param([{"id": "x"}], {("s", "x"): "FAILURE"}, id="no-status-is-a-failure"),
+])
+def test_checks_are_read_per_id(checks: list[dict[str, Any]], parsed: Checks) -> None:
+    assert parse_checks("s", checks) == parsed
+
+
+@pytest.mark.parametrize(("direct", "gateway", "found"), [
+    pytest.param({("a", "x"): "SUCCESS"}, {("a", "x"): "SUCCESS"}, [], id="same-is-fine"),
+    pytest.param({("a", "x"): "SUCCESS"}, {("a", "x"): "FAILURE"}, [("a", "x")], id="failure-through-gateway"),
+    pytest.param({("a", "x"): "SUCCESS"}, {("a", "x"): "WARNING"}, [("a", "x")], id="warning-is-not-passing"),
+    pytest.param({("a", "x"): "SUCCESS"}, {}, [("a", "x")], id="missing-through-gateway-is-not-passing"),
+    pytest.param({("a", "x"): "FAILURE"}, {("a", "x"): "FAILURE"}, [], id="failing-directly-is-not-the-gateways"),
+    pytest.param({("a", "x"): "INFO"}, {("a", "x"): "FAILURE"}, [], id="info-directly-is-not-a-pass"),
+    pytest.param({}, {("a", "x"): "FAILURE"}, [], id="gateway-only-check-is-not-compared"),
+])
+def test_a_check_passing_directly_must_pass_through_the_gateway(
+    direct: Checks, gateway: Checks, found: list[tuple[str, str]]
+) -> None:
+    assert regressions(direct, gateway) == found
+
+
+@pytest.mark.parametrize(("found", "expected", "left", "now_passing"), [
+    pytest.param([("a", "x")], {"a/x": "issue 11"}, [], [], id="listed-is-expected"),
+    pytest.param([("a", "x")], {}, [("a", "x")], [], id="unlisted-fails-the-run"),
+    pytest.param([], {"a/x": "issue 11"}, [], ["a/x"], id="listed-but-passing-is-stale"),
+])
+def test_expected_failures_excuse_only_what_they_list(
+    found: list[tuple[str, str]], expected: dict[str, str], left: list[tuple[str, str]], now_passing: list[str]
+) -> None:
+    assert unexpected(found, expected) == left
+    assert stale(found, expected) == now_passing
+
+
+@pytest.mark.parametrize(("text", "loaded"), [
+    pytest.param("", {}, id="empty"),
+    pytest.param("gateway-http:\n  a/x: \"issue 11: relay\"\n", {"gateway-http": {"a/x": "issue 11: relay"}},
+                 id="entry-with-reason"),
+])
+def test_expected_failures_file_is_read(text: str, loaded: dict[str, dict[str, str]]) -> None:
+    assert load_expected(text) == loaded
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("gateway-http:\n  a/x:\n", id="entry-without-reason"),
+    pytest.param("- a/x\n", id="not-a-mapping"),
+])
+def test_expected_failure_without_a_reason_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="expected-failures"):
+        load_expected(text)
+
+
+def test_table_shows_passed_over_reported_per_target() -> None:
+    out = table({"direct": {("a", "x"): "SUCCESS", ("a", "y"): "SUCCESS"},
+                 "gateway": {("a", "x"): "SUCCESS", ("a", "y"): "FAILURE"}})
+    assert out.splitlines()[0].split() == ["scenario", "direct", "gateway"]
+    assert out.splitlines()[2].split() == ["a", "2/2", "1/2", "(1", "fail)"]
