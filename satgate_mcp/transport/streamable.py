@@ -18,6 +18,7 @@ from satgate_mcp.sessions import Session
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer, sse_event
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
+from satgate_mcp.transport.stream import StandaloneStream
 
 
 def _progress_token(request: jsonrpc.Request) -> object:
@@ -26,17 +27,22 @@ def _progress_token(request: jsonrpc.Request) -> object:
 
 
 class StreamableHttpTransport:
-    def __init__(self, edge: Edge) -> None:
+    def __init__(self, edge: Edge, standalone: StandaloneStream | None = None) -> None:
         self._edge = edge
+        self._standalone = standalone
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
         app.router.add_delete(path, self.delete)
         app.router.add_get(path, self.get)
         app.router.add_route("*", path, self.other)
+        if self._standalone is not None:
+            app.on_shutdown.append(self._standalone.end_streams)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
-        """No server-initiated stream: 405 before and after a restart, and nothing is created."""
+        """The session's server-to-client stream; without one (405) nothing is created."""
+        if self._standalone is not None:
+            return await self._standalone.get(request)
         return refusal_answer(self._edge.check_host_origin(request) or rules.GET_NOT_ALLOWED)
 
     async def other(self, request: web.Request) -> web.StreamResponse:
