@@ -147,6 +147,11 @@ class Subscriptions:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def released(self) -> None:
+        """Wait until the upstream unsubscribes of ended sessions went out (tests await this)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
     async def aclose(self) -> None:
         tasks = list(self._tasks)
         for task in tasks:
