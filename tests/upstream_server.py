@@ -59,6 +59,47 @@ BASE_TOOLS: dict[str, JsonObj] = {
 }
 
 
+# --- stream_: what reaches a client's standalone GET stream (list changes, resource updates) ----------
+
+STREAM_TOOLS: dict[str, JsonObj] = {
+    "stream_touch": _schema(uri="string"),
+    "stream_add_resources": _schema(count="integer"),
+    "stream_add_prompt": _schema(name="string"),
+    "stream_subscribed": _schema(),
+}
+BASE_TOOLS.update(STREAM_TOOLS)
+
+
+@dataclass
+class StreamExtras:
+    """Resources and prompts added at run time, and the URIs a client is subscribed to here."""
+
+    resources: list[JsonObj] = field(default_factory=list)
+    prompts: list[JsonObj] = field(default_factory=list)
+    subscribed: list[str] = field(default_factory=list)
+
+
+STREAM = StreamExtras()
+
+
+async def run_stream_tool(name: str, ctx: ServerRequestContext[Any], tool: str, args: JsonObj) -> JsonObj:
+    """Each sends its notification outside the call (over HTTP: on the GET stream), as a server on its own would."""
+    if tool == "stream_touch":
+        await ctx.session.send_resource_updated(str(args.get("uri", "")))
+        return _text("touched")
+    if tool == "stream_add_resources":
+        start = len(STREAM.resources)
+        STREAM.resources += [{"uri": f"memo://{name}/extra/{i}", "name": f"{name}-extra-{i}"}
+                             for i in range(start, start + int(args.get("count", 1)))]
+        await ctx.session.send_resource_list_changed()
+        return _text(f"{len(STREAM.resources)} extra resources")
+    if tool == "stream_add_prompt":
+        STREAM.prompts.append({"name": str(args.get("name", "extra_prompt")), "description": f"added on {name}"})
+        await ctx.session.send_prompt_list_changed()
+        return _text("prompt added")
+    return _text(json.dumps(sorted(STREAM.subscribed)))
+
+
 @dataclass
 class State:
     name: str
@@ -89,7 +130,8 @@ def _page(items: list[JsonObj], cursor: str | None, size: int, key: str) -> Json
 
 
 class _Server(Server[Any]):
-    """Advertises ``tools.listChanged`` on every transport (the HTTP manager passes no options)."""
+    """Advertises ``listChanged`` for tools, resources and prompts on every transport (the HTTP manager passes
+    no options)."""
 
     def create_initialization_options(
         self,
@@ -98,7 +140,9 @@ class _Server(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True,
+                                                        prompts_changed=True),
+            experimental_capabilities, extensions
         )
 
 
@@ -145,6 +189,8 @@ def build_server(state: State) -> Server[Any]:
             return _text(json.dumps(raw.get("_meta")))
         if tool == "whoami":
             return _text(state.name)
+        if tool in STREAM_TOOLS:
+            return await run_stream_tool(state.name, ctx, tool, args)
         if tool == "add_tool":
             new = str(args.get("name", "extra"))  # as given: a test may add a clashing name
             if new not in state.tools:
@@ -172,6 +218,7 @@ def build_server(state: State) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         res = [{"uri": f"memo://{state.name}/readme", "name": f"{state.name}-readme", "mimeType": "text/plain"}]
+        res += STREAM.resources
         return types.ListResourcesResult.model_validate({"resources": res})
 
     async def list_templates(
@@ -190,6 +237,13 @@ def build_server(state: State) -> Server[Any]:
         return types.ReadResourceResult.model_validate({"contents": [{"uri": uri, "text": text}]})
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        STREAM.subscribed.append(str(params.uri))
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+                          ) -> types.EmptyResult:
+        if str(params.uri) in STREAM.subscribed:
+            STREAM.subscribed.remove(str(params.uri))
         return types.EmptyResult()
 
     async def list_prompts(
@@ -197,7 +251,7 @@ def build_server(state: State) -> Server[Any]:
     ) -> types.ListPromptsResult:
         prompt = {"name": f"{state.prefix}greet", "description": f"greeting from {state.name}",
                   "arguments": [{"name": "who", "required": True}]}
-        return types.ListPromptsResult.model_validate({"prompts": [prompt]})
+        return types.ListPromptsResult.model_validate({"prompts": [prompt, *STREAM.prompts]})
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
         who = (params.arguments or {}).get("who", "world")
@@ -220,6 +274,8 @@ def build_server(state: State) -> Server[Any]:
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
         on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        instructions=f"Tools of the {state.name} test server.",
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
         on_completion=complete,
