@@ -18,6 +18,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.pool import UpstreamPool
 from tests.conftest import HttpUpstreamProcess, pid_alive, upstream_command
+from tests.upstream_server import BASE_TOOLS
 
 StartPool = Callable[..., Awaitable["ObservedPool"]]
 Spec = StdioUpstreamSpec | HttpUpstreamSpec
@@ -128,7 +129,7 @@ async def test_every_page_of_an_upstreams_tools_is_listed(shared: UpstreamPool) 
     from_big = [n for n in names(shared) if shared.owner_of_tool(n) == "big"]
 
     assert {f"big_extra_{i}" for i in range(25)} <= set(from_big)
-    assert len(from_big) == len(set(from_big)) == 25 + 11  # 9 pages of 4
+    assert len(from_big) == len(set(from_big)) == 25 + len(BASE_TOOLS)  # every page of 4
 
 
 async def test_list_changed_refreshes_the_union_and_a_late_clash_keeps_the_first_owner(
