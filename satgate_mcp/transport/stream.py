@@ -39,6 +39,9 @@ NOT_ACCEPTABLE = Refusal(406, "not_acceptable", "Accept must include text/event-
 ALREADY_OPEN = Refusal(409, "stream_already_open",
                        "This session already has an open stream; close it before opening another")
 
+#: Once the drain began no stream opens here: it would hold the drain; the client reconnects to the successor.
+SHUTTING_DOWN = Refusal(503, "shutting_down", "This process is shutting down; reconnect", headers={"Retry-After": "1"})
+
 log = structlog.get_logger("satgate_mcp.transport.stream")
 
 
@@ -84,6 +87,7 @@ class StreamHub:
         self._subscriptions = subscriptions
         self._tools_version = tools_version
         self._streams: dict[str, OpenStream] = {}
+        self.closing = False
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -112,6 +116,7 @@ class StreamHub:
             stream.end()
 
     def end_all(self) -> None:
+        self.closing = True
         for stream in self._streams.values():
             stream.end()
 
@@ -143,7 +148,7 @@ class StandaloneStream:
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         edge = self._edge
-        refusal = edge.check_host_origin(request)
+        refusal = edge.check_host_origin(request) or (SHUTTING_DOWN if self._hub.closing else None)
         if refusal is None and not rules.accepts(request.headers.get("Accept"), "text/event-stream"):
             refusal = NOT_ACCEPTABLE
         session_id = request.headers.get(SESSION_HEADER)

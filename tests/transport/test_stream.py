@@ -181,3 +181,12 @@ def test_a_slow_reader_is_cut_rather_than_queued_without_bound() -> None:
     items = [stream.queue.get_nowait() for _ in range(MAX_QUEUED + 1)]
     assert items[-1] is None
     assert items[-2] == {"n": MAX_QUEUED - 1}
+
+
+async def test_no_stream_opens_once_the_drain_began(gw: Client) -> None:
+    session = await gw.initialize()
+    app = gw.http.app
+    assert app is not None
+    await app.shutdown()
+    resp = await gw.get(session)
+    assert (resp.status, resp.headers["Retry-After"]) == (503, "1")
