@@ -28,13 +28,14 @@ from satgate_mcp.keys import (
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
-from satgate_mcp.sessions import SessionRegistry
+from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.state import open_state
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.sse import LegacySseTransport
+from satgate_mcp.transport.stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.streamable import StreamableHttpTransport
 from satgate_mcp.upstream.pool import UpstreamPool
 
@@ -97,7 +98,20 @@ def create_app(
     app[INFLIGHT] = edge.limiter
     app[RESUMES_SESSIONS] = edge.resumes_sessions
 
-    StreamableHttpTransport(edge).add_routes(app)
+    subscriptions = dispatcher.subscriptions
+    hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
+    listen = getattr(pool, "listen", None)
+    if listen is not None:
+        listen(hub.notice)
+
+    def session_ended(session: Session, reason: CloseReason) -> None:
+        hub.end(session.id)
+        subscriptions.end_session(session.id)
+
+    registry.on_close.append(session_ended)
+    owned.append(subscriptions.aclose)
+
+    StreamableHttpTransport(edge, StandaloneStream(edge, hub)).add_routes(app)
     LegacySseTransport(edge).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:

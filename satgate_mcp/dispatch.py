@@ -23,10 +23,13 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.subscriptions import Subscriptions
 from satgate_mcp.upstream.base import ProgressCallback, Relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
+#: Merged resources, templates and prompts are paged like tools, by the gateway's own cursors.
+LIST_PAGE_SIZE = TOOLS_PAGE_SIZE
 #: Upstream listings filtered by the token's caveats: method -> (what the pool lists, caveat kind).
 FILTERED_LISTS: dict[str, tuple[Kind, str]] = {
     "resources/list": ("resources", "resource"),
@@ -43,6 +46,9 @@ class Pool(Protocol):
 
     def readiness(self) -> dict[str, bool]: ...
     def capabilities(self) -> JsonObj: ...
+    def instructions(self) -> list[tuple[str, str]]:
+        """(upstream, its instructions) for each upstream that gave some."""
+        ...
     def tools(self) -> list[JsonObj]: ...
     @property
     def tools_version(self) -> int: ...
@@ -203,6 +209,13 @@ def _admitted(call: Call) -> None:
         call.on_progress.admit()
 
 
+def merged_instructions(found: list[tuple[str, str]]) -> str | None:
+    """Every upstream's instructions, each under its upstream's name; None when none gave any."""
+    if not found:
+        return None
+    return "\n\n".join(f"## {name}\n{text}" for name, text in found)
+
+
 async def _empty_result(call: Call) -> JsonObj:
     return jsonrpc.result_response(None, {})
 
@@ -213,8 +226,11 @@ async def _already_initialized(call: Call) -> JsonObj:
 
 class Dispatcher:
     def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
+                 list_page_size: int = LIST_PAGE_SIZE) -> None:
         self._pool = pool
+        self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe)
+        self._list_page_size = list_page_size
         self._policy = policy
         self._publisher = publisher
         self._metrics = metrics
@@ -227,12 +243,12 @@ class Dispatcher:
             "initialize": _already_initialized,
             "tools/list": self._list_tools,
             "tools/call": self._call_tool,
-            "resources/list": forward(self._lister("resources")),
-            "resources/templates/list": forward(self._lister("templates")),
-            "prompts/list": forward(self._lister("prompts")),
+            "resources/list": self._paged(forward(self._lister("resources")), "resources"),
+            "resources/templates/list": self._paged(forward(self._lister("templates")), "templates"),
+            "prompts/list": self._paged(forward(self._lister("prompts")), "prompts"),
             "resources/read": forward(pool.read_resource),
-            "resources/subscribe": forward(pool.subscribe),
-            "resources/unsubscribe": forward(pool.unsubscribe),
+            "resources/subscribe": self._per_session(self.subscriptions.subscribe),
+            "resources/unsubscribe": self._per_session(self.subscriptions.unsubscribe),
             "prompts/get": forward(pool.get_prompt),
             "completion/complete": forward(pool.complete),
             "satgate/budget": self._budget,
@@ -248,12 +264,15 @@ class Dispatcher:
         await self._pool.set_log_level(level)
 
     def initialize_result(self, protocol_version: str) -> JsonObj:
-        return {
+        result: JsonObj = {
             "protocolVersion": protocol_version,
             "capabilities": self._pool.capabilities(),
             "serverInfo": {"name": SERVER_NAME, "version": __version__},
-            "instructions": "Tools from the upstream MCP servers behind this satgate-mcp gateway.",
         }
+        instructions = merged_instructions(self._pool.instructions())
+        if instructions is not None:
+            result["instructions"] = instructions
+        return result
 
     async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
                      on_progress: ProgressCallback | None = None) -> JsonObj:
@@ -282,14 +301,42 @@ class Dispatcher:
         return jsonrpc.result_response(None, result)
 
     def _lister(self, kind: Kind) -> Operation:
-        """A merged listing as an operation: it comes in one page, so any cursor is one we never gave."""
+        """A merged listing as an operation: the whole union (``_paged`` cuts it into our pages)."""
 
         async def listing(params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
-            if (params or {}).get("cursor") is not None:
-                raise invalid_cursor()
             return jsonrpc.result_response(None, await self._pool.listing(kind))
 
         return listing
+
+    def _paged(self, handler: Handler, kind: Kind) -> Handler:
+        """A listing the token may see, in our own pages; a cursor we never gave fails before any upstream work."""
+        key = LISTINGS[kind].key
+
+        async def paged(call: Call) -> JsonObj:
+            cursor = (call.params or {}).get("cursor")
+            decode_cursor(cursor)
+            reply = await handler(call)
+            result = reply.get("result")
+            if not isinstance(result, dict) or not isinstance(result.get(key), list):
+                return reply
+            items, next_cursor = page(result[key], cursor, self._list_page_size)
+            paged_result: JsonObj = {**result, key: items}
+            if next_cursor:
+                paged_result["nextCursor"] = next_cursor
+            return {**reply, "result": paged_result}
+
+        return paged
+
+    def _per_session(self, operation: Callable[..., Awaitable[JsonObj]]) -> Handler:
+        """A forwarded operation that also needs to know the session (subscriptions are kept per session)."""
+
+        async def handler(call: Call) -> JsonObj:
+            async def bound(params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+                return await operation(call.session_id, params, on_progress=on_progress)
+
+            return await self._forwarder(bound)(call)
+
+        return handler
 
     def _forwarder(self, operation: Operation) -> Handler:
         """Resources, prompts and completions: caveats first, then the rate limit, then the upstream."""

@@ -203,6 +203,8 @@ class SessionRegistry:
         self._blocked: dict[str, float] = {}
         #: Only when ``cap`` tokens are blocked at once can nothing be recorded: refuse every resume until then.
         self._resume_blocked_until = 0.0
+        #: Called for every session that ends, however it ends (its stream and subscriptions end with it).
+        self.on_close: list[Callable[[Session, CloseReason], None]] = []
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -391,3 +393,5 @@ class SessionRegistry:
                     del self._by_token[session.quota_key]
             self._publisher.publish(events.SESSION_CLOSE, session_id=session_id,
                                     token_id=session.identity.token_id, reason=str(reason))
+            for listener in self.on_close:
+                listener(session, reason)

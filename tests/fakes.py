@@ -41,12 +41,21 @@ class FakePool:
         self.cancelled = asyncio.Event()
         self.tools_version = 0
         self.log_levels: list[str] = []
+        self.listener: Callable[[str, JsonObj | None], None] | None = None
+        #: (upstream, instructions) as a real pool reports them.
+        self.upstream_instructions: list[tuple[str, str]] = []
 
     def readiness(self) -> dict[str, bool]:
         return {"fake": True}
 
     def capabilities(self) -> JsonObj:
         return {"tools": {"listChanged": True}}
+
+    def instructions(self) -> list[tuple[str, str]]:
+        return list(self.upstream_instructions)
+
+    def listen(self, listener: Callable[[str, JsonObj | None], None]) -> None:
+        self.listener = listener
 
     def tools(self) -> list[JsonObj]:
         return [{"name": n, "inputSchema": {"type": "object"}} for n in self.tool_names]

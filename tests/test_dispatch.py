@@ -22,6 +22,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.catalog import LISTINGS, Kind
 from tests.fakes import AllowAllPolicy, FakePool
 
 ANYONE = Identity(token_id="alice")
@@ -151,7 +152,6 @@ async def test_an_unknown_method_name_is_echoed_bounded() -> None:
     [
         pytest.param("resources/read", {"uri": "file:///x"}, id="read"),
         pytest.param("resources/subscribe", {"uri": "file:///x"}, id="subscribe"),
-        pytest.param("resources/unsubscribe", {"uri": "file:///x"}, id="unsubscribe"),
         pytest.param("prompts/get", {"uri": "file:///x"}, id="prompt"),
         pytest.param("completion/complete", {"uri": "file:///x"}, id="complete"),
         # A merged list is asked for by its kind: the pool has nothing to read in the client's params.
@@ -170,14 +170,61 @@ async def test_resources_and_prompts_are_forwarded_and_answered_with_the_clients
     assert pool.calls == [(method, forwarded)]
 
 
+class ListingPool(FakePool):
+    """Lists ``count`` items of every kind."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    async def listing(self, kind: Kind) -> JsonObj:
+        self.calls.append((LISTINGS[kind].method, None))
+        return {LISTINGS[kind].key: [{"name": f"n{i}", "uri": f"m://{i}", "uriTemplate": f"m://{i}/{{x}}"}
+                                     for i in range(self.count)]}
+
+
+@pytest.mark.parametrize("kind", ["resources", "templates", "prompts"])
+async def test_a_merged_list_pages_with_the_gateways_cursors(kind: Kind) -> None:
+    pool = ListingPool(5)
+    dispatcher = Dispatcher(pool, publisher=RecordingPublisher(), metrics=Metrics(), policy=UnmeteredPolicy(),
+                            list_page_size=2)
+    listing = LISTINGS[kind]
+    pages: list[list[str]] = []
+    cursor: str | None = None
+    while True:
+        reply = await handle(dispatcher, listing.method, {"cursor": cursor} if cursor else None)
+        pages.append([item["name"] for item in reply["result"][listing.key]])
+        cursor = reply["result"].get("nextCursor")
+        if cursor is None:
+            break
+    assert pages == [["n0", "n1"], ["n2", "n3"], ["n4"]]
+
+
 @pytest.mark.parametrize("method", ["resources/list", "resources/templates/list", "prompts/list"])
-async def test_a_merged_list_comes_in_one_page_so_any_cursor_is_invalid(method: str) -> None:
-    pool = ScriptedPool()
+async def test_a_merged_list_refuses_a_cursor_it_never_gave_before_asking_upstream(method: str) -> None:
+    pool = ListingPool(5)
     dispatcher, _, _ = make_dispatcher(pool)
-    reply = await handle(dispatcher, method, {"cursor": encode_cursor(0)}, request_id=4)
+    reply = await handle(dispatcher, method, {"cursor": "garbage!"}, request_id=4)
     assert (reply["id"], reply["error"]["code"], reply["error"]["data"]) == (
         4, jsonrpc.INVALID_PARAMS, {"error": "invalid_cursor"})
     assert pool.calls == []
+
+
+@pytest.mark.parametrize(
+    ("found", "merged"),
+    [
+        pytest.param([], None, id="none-gave-any"),
+        pytest.param([("db", "Use SQL.")], "## db\nUse SQL.", id="one"),
+        pytest.param([("db", "Use SQL."), ("web", "Fetch pages.")], "## db\nUse SQL.\n\n## web\nFetch pages.",
+                     id="each-under-its-name"),
+    ],
+)
+def test_upstream_instructions_are_merged_under_their_names(found: list[tuple[str, str]], merged: str | None
+                                                           ) -> None:
+    pool = FakePool()
+    pool.upstream_instructions = found
+    dispatcher, _, _ = make_dispatcher(pool)
+    assert dispatcher.initialize_result("2025-11-25").get("instructions") == merged
 
 
 @pytest.mark.parametrize(

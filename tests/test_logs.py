@@ -107,13 +107,13 @@ async def test_one_http_request_line_per_request(client: TestClient[web.Request,
         session = (await post(client, init, token=SECRET)).headers["Mcp-Session-Id"]
         assert (await post(client, jsonrpc.request_message(2, "ping"), token=SECRET, session=session)).status == 200
         assert (await post(client, jsonrpc.request_message(3, "ping"), token=WRONG, session=session)).status == 401
-        assert (await client.get("/mcp")).status == 405
+        assert (await client.get("/mcp")).status == 400  # a stream needs a session
     lines = [entry for entry in logs if entry["event"] == "http_request"]
     assert [(e["method"], e["path"], e["status"], e["session_id"]) for e in lines] == [
         ("POST", "/mcp", 200, session),
         ("POST", "/mcp", 200, session),
         ("POST", "/mcp", 401, session),
-        ("GET", "/mcp", 405, None),
+        ("GET", "/mcp", 400, None),
     ]
     assert [e["rpc_method"] for e in lines] == ["initialize", "ping", "ping", None]
     assert all(isinstance(e["duration_ms"], float) and e["duration_ms"] >= 0 for e in lines)

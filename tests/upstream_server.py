@@ -118,6 +118,47 @@ async def run_relay_tool(ctx: ServerRequestContext[Any], tool: str, args: JsonOb
     return _text(f"{tool} called")
 
 
+# --- stream_: what reaches a client's standalone GET stream (list changes, resource updates) ----------
+
+STREAM_TOOLS: dict[str, JsonObj] = {
+    "stream_touch": _schema(uri="string"),
+    "stream_add_resources": _schema(count="integer"),
+    "stream_add_prompt": _schema(name="string"),
+    "stream_subscribed": _schema(),
+}
+BASE_TOOLS.update(STREAM_TOOLS)
+
+
+@dataclass
+class StreamExtras:
+    """Resources and prompts added at run time, and the URIs a client is subscribed to here."""
+
+    resources: list[JsonObj] = field(default_factory=list)
+    prompts: list[JsonObj] = field(default_factory=list)
+    subscribed: list[str] = field(default_factory=list)
+
+
+STREAM = StreamExtras()
+
+
+async def run_stream_tool(name: str, ctx: ServerRequestContext[Any], tool: str, args: JsonObj) -> JsonObj:
+    """Each sends its notification outside the call (over HTTP: on the GET stream), as a server on its own would."""
+    if tool == "stream_touch":
+        await ctx.session.send_resource_updated(str(args.get("uri", "")))
+        return _text("touched")
+    if tool == "stream_add_resources":
+        start = len(STREAM.resources)
+        STREAM.resources += [{"uri": f"memo://{name}/extra/{i}", "name": f"{name}-extra-{i}"}
+                             for i in range(start, start + int(args.get("count", 1)))]
+        await ctx.session.send_resource_list_changed()
+        return _text(f"{len(STREAM.resources)} extra resources")
+    if tool == "stream_add_prompt":
+        STREAM.prompts.append({"name": str(args.get("name", "extra_prompt")), "description": f"added on {name}"})
+        await ctx.session.send_prompt_list_changed()
+        return _text("prompt added")
+    return _text(json.dumps(sorted(STREAM.subscribed)))
+
+
 @dataclass
 class State:
     name: str
@@ -419,7 +460,8 @@ class ConformanceEventStore(EventStore):
 
 
 class _Server(Server[Any]):
-    """Advertises ``tools.listChanged`` on every transport (the HTTP manager passes no options)."""
+    """Advertises ``listChanged`` for tools, resources and prompts on every transport (the HTTP manager passes
+    no options)."""
 
     def create_initialization_options(
         self,
@@ -428,7 +470,9 @@ class _Server(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True,
+                                                        prompts_changed=True),
+            experimental_capabilities, extensions
         )
 
 
@@ -478,6 +522,8 @@ def build_server(state: State) -> Server[Any]:
             return _text(json.dumps(raw.get("_meta")))
         if tool == "whoami":
             return _text(state.name)
+        if tool in STREAM_TOOLS:
+            return await run_stream_tool(state.name, ctx, tool, args)
         if tool == "add_tool":
             new = str(args.get("name", "extra"))  # as given: a test may add a clashing name
             if new not in state.tools:
@@ -508,6 +554,7 @@ def build_server(state: State) -> Server[Any]:
     ) -> types.ListResourcesResult:
         res = [{"uri": f"memo://{state.name}/readme", "name": f"{state.name}-readme", "mimeType": "text/plain"}]
         res += CONF_RESOURCES if state.conformance else []
+        res += STREAM.resources
         return types.ListResourcesResult.model_validate({"resources": res})
 
     async def list_templates(
@@ -530,6 +577,7 @@ def build_server(state: State) -> Server[Any]:
         return types.ReadResourceResult.model_validate({"contents": [{"uri": uri, "text": text}]})
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        STREAM.subscribed.append(str(params.uri))
         if state.conformance is not None:
             state.conformance.subscribed.add(str(params.uri))
         return types.EmptyResult()
@@ -537,6 +585,8 @@ def build_server(state: State) -> Server[Any]:
     async def unsubscribe(
         ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
+        if str(params.uri) in STREAM.subscribed:
+            STREAM.subscribed.remove(str(params.uri))
         if state.conformance is not None:
             state.conformance.subscribed.discard(str(params.uri))
         return types.EmptyResult()
@@ -553,7 +603,7 @@ def build_server(state: State) -> Server[Any]:
         prompt = {"name": f"{state.prefix}greet", "description": f"greeting from {state.name}",
                   "arguments": [{"name": "who", "required": True}]}
         extra = CONF_PROMPTS if state.conformance else []
-        return types.ListPromptsResult.model_validate({"prompts": [prompt, *extra]})
+        return types.ListPromptsResult.model_validate({"prompts": [prompt, *extra, *STREAM.prompts]})
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
         found = conf_prompt(params.name, params.arguments or {}) if state.conformance else None
@@ -579,11 +629,11 @@ def build_server(state: State) -> Server[Any]:
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
         on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        instructions=f"Tools of the {state.name} test server.",
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
         on_completion=complete,
-        # Only the conformance block offers unsubscribe, so the default server's capabilities stay as they were.
-        on_unsubscribe_resource=unsubscribe if state.conformance else None,
         on_set_logging_level=set_level,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)

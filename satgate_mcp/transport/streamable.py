@@ -21,6 +21,7 @@ from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer, sse_event
 from satgate_mcp.transport.relay import CallRelay
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
+from satgate_mcp.transport.stream import StandaloneStream
 
 #: A call that streams nothing for this long gets a comment, so proxies and clients keep the stream open.
 KEEPALIVE_SECONDS = 15.0
@@ -106,8 +107,10 @@ class CallStream:
 
 
 class StreamableHttpTransport:
-    def __init__(self, edge: Edge, *, keepalive_seconds: float | None = None) -> None:
+    def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
+                 keepalive_seconds: float | None = None) -> None:
         self._edge = edge
+        self._standalone = standalone
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
@@ -115,9 +118,13 @@ class StreamableHttpTransport:
         app.router.add_delete(path, self.delete)
         app.router.add_get(path, self.get)
         app.router.add_route("*", path, self.other)
+        if self._standalone is not None:
+            app.on_shutdown.append(self._standalone.end_streams)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
-        """No server-initiated stream: 405 before and after a restart, and nothing is created."""
+        """The session's server-to-client stream; without one (405) nothing is created."""
+        if self._standalone is not None:
+            return await self._standalone.get(request)
         return refusal_answer(self._edge.check_host_origin(request) or rules.GET_NOT_ALLOWED)
 
     async def other(self, request: web.Request) -> web.StreamResponse:

@@ -1,8 +1,9 @@
 """What the upstreams offer, merged: one tool namespace, and which upstream answers for a name or URI.
 
 No I/O: the pool fetches each upstream's listings and hands them in; the naming rules (prefixes,
-clashes, who owns a prompt or a resource) are decided here. Tool names must be unique across
-upstreams; an operator resolves a clash with a per-upstream ``tool_prefix``.
+clashes, who owns a prompt or a resource) are decided here. Tool, prompt and resource template
+names must be unique across upstreams; an operator resolves a clash with a per-upstream
+``tool_prefix``, which prefixes all three.
 """
 
 from __future__ import annotations
@@ -46,60 +47,80 @@ STALE_AFTER: dict[str, frozenset[Kind]] = {
 }
 
 
+#: Kinds whose items are named, and so may clash, prefixed like tools: kind -> what a message calls one.
+NAMED: dict[Kind, str] = {"tools": "tool", "prompts": "prompt", "templates": "resource template"}
+#: Kinds announced to clients when their union changes (templates ride on resources).
+ANNOUNCED: dict[Kind, str] = {
+    "tools": "notifications/tools/list_changed",
+    "resources": "notifications/resources/list_changed",
+    "templates": "notifications/resources/list_changed",
+    "prompts": "notifications/prompts/list_changed",
+}
+
+
 @dataclass(frozen=True, slots=True)
-class ToolClash:
-    tool: str
+class NameClash:
+    """Two upstreams advertise one exposed name: a tool, a prompt or a resource template."""
+
+    name: str
     kept: str
     other: str
+    kind: str = "tool"
 
     def message(self) -> str:
-        return (f"tool {self.tool!r} is advertised by upstreams {self.kept!r} and {self.other!r}; "
+        return (f"{self.kind} {self.name!r} is advertised by upstreams {self.kept!r} and {self.other!r}; "
                 f"set a distinct \"tool_prefix\" on one of them in SATGATE_UPSTREAMS "
-                f"(for example \"tool_prefix\": \"{self.other}_\")")
+                f"(for example \"tool_prefix\": \"{self.other}_\"; it prefixes tools, prompts and "
+                f"resource template names)")
 
 
 @dataclass(frozen=True, slots=True)
-class ToolIndex:
-    tools: list[JsonObj]
-    #: exposed name -> (upstream, the upstream's own name for the tool)
+class NameIndex:
+    items: list[JsonObj]
+    #: exposed name -> (upstream, the upstream's own name for the item)
     owners: dict[str, tuple[str, str]]
-    clashes: list[ToolClash]
+    clashes: list[NameClash]
+
+    @property
+    def tools(self) -> list[JsonObj]:
+        return self.items
 
 
-def merge_tools(
+def merge_named(
     order: Sequence[str],
     listings: Mapping[str, Sequence[JsonObj]],
     prefixes: Mapping[str, str],
     previous: Mapping[str, str] | None = None,
-) -> ToolIndex:
-    """The union of the upstreams' tools under their exposed (prefixed) names.
+    kind: str = "tool",
+) -> NameIndex:
+    """The union of the upstreams' items (tools, prompts, templates) under their exposed (prefixed) names.
 
-    On a clash the previous owner keeps the name (a list change must not move a tool under a
-    running client), else the upstream configured first does.
+    On a clash the previous owner keeps the name (a list change must not move an item under a
+    running client), else the upstream configured first does; the clash is reported, never hidden.
     """
     previous = previous or {}
     candidates: dict[str, list[tuple[str, JsonObj]]] = {}
     for upstream in order:
         seen: set[str] = set()
-        for tool in listings.get(upstream, ()):
-            name = tool.get("name") if isinstance(tool, dict) else None
+        for item in listings.get(upstream, ()):
+            name = item.get("name") if isinstance(item, dict) else None
             if not isinstance(name, str) or not name:
                 continue
             exposed = prefixes.get(upstream, "") + name
             if exposed not in seen:
                 seen.add(exposed)
-                candidates.setdefault(exposed, []).append((upstream, tool))
-    tools, owners, clashes = [], {}, []
+                candidates.setdefault(exposed, []).append((upstream, item))
+    items, owners, clashes = [], {}, []
     for exposed, found in candidates.items():
         keep = next((c for c in found if c[0] == previous.get(exposed)), found[0])
-        clashes += [ToolClash(exposed, keep[0], other[0]) for other in found if other is not keep]
+        clashes += [NameClash(exposed, keep[0], other[0], kind) for other in found if other is not keep]
         owners[exposed] = (keep[0], str(keep[1]["name"]))
-        tools.append({**keep[1], "name": exposed})
-    return ToolIndex(tools, owners, clashes)
+        items.append({**keep[1], "name": exposed})
+    return NameIndex(items, owners, clashes)
 
 
 def first_owner(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]], key: str) -> dict[str, str]:
-    """Value of ``key`` (a prompt name, a resource uri) -> the first upstream listing it."""
+    """Value of ``key`` (a resource uri) -> the first upstream listing it."""
     owners: dict[str, str] = {}
     for upstream in order:
         for item in listings.get(upstream, ()):
@@ -125,47 +146,59 @@ def merge_unique(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]]
 
 
 class Catalog:
-    """Each upstream's last good listings and what follows from them: exposed tools and owners."""
+    """Each upstream's last good listings and what follows from them: exposed names, owners, versions."""
 
     def __init__(self, order: Sequence[str], prefixes: Mapping[str, str]) -> None:
         self._order = list(order)
         self._prefixes = dict(prefixes)
         self._lists: dict[Kind, dict[str, list[JsonObj]]] = {kind: {n: [] for n in order} for kind in ALL_LISTS}
-        self._index = ToolIndex([], {}, [])
-        self._version = 0
-        self._prompt_owner: dict[str, str] = {}
+        self._named: dict[Kind, NameIndex] = {kind: NameIndex([], {}, []) for kind in NAMED}
+        self._resources: list[JsonObj] = []
+        self._versions: dict[Kind, int] = dict.fromkeys(ALL_LISTS, 0)
         self._resource_owner: dict[str, str] = {}
 
     def update(self, upstream: str, kind: Kind, items: list[JsonObj]) -> None:
         """Replace one upstream's list; owners follow on the next ``rebuild``."""
         self._lists[kind][upstream] = items
 
-    def rebuild(self) -> list[ToolClash]:
-        """Recompute names and owners from the lists; the clashes found (the old owner kept each name)."""
-        previous = {exposed: owner[0] for exposed, owner in self._index.owners.items()}
-        before = self._index.tools
-        self._index = merge_tools(self._order, self._lists["tools"], self._prefixes, previous)
-        if self._index.tools != before:
-            self._version += 1
-        self._prompt_owner = first_owner(self._order, self._lists["prompts"], "name")
+    def rebuild(self) -> list[NameClash]:
+        """Recompute names, owners and versions from the lists; the clashes found (the old owner kept each name)."""
+        clashes: list[NameClash] = []
+        for kind, what in NAMED.items():
+            before = self._named[kind]
+            previous = {exposed: owner[0] for exposed, owner in before.owners.items()}
+            index = merge_named(self._order, self._lists[kind], self._prefixes, previous, what)
+            if index.items != before.items:
+                self._versions[kind] += 1
+            self._named[kind] = index
+            clashes += index.clashes
+        resources = merge_unique(self._order, self._lists["resources"], "uri")
+        if resources != self._resources:
+            self._versions["resources"] += 1
+        self._resources = resources
         self._resource_owner = first_owner(self._order, self._lists["resources"], "uri")
-        return self._index.clashes
+        return clashes
 
     @property
     def tools(self) -> list[JsonObj]:
-        return self._index.tools
+        return self._named["tools"].items
 
     @property
     def version(self) -> int:
         """Goes up whenever the union of tools changes, so sessions can tell they saw an older list."""
-        return self._version
+        return self._versions["tools"]
+
+    def versions(self) -> dict[Kind, int]:
+        """Each kind's version: it goes up whenever that union changes (what a list_changed announces)."""
+        return dict(self._versions)
 
     def tool_owner(self, exposed: str) -> tuple[str, str] | None:
         """(upstream, its own name for the tool) for an exposed tool name."""
-        return self._index.owners.get(exposed)
+        return self._named["tools"].owners.get(exposed)
 
-    def prompt_owner(self, name: str) -> str | None:
-        return self._prompt_owner.get(name)
+    def prompt_owner(self, exposed: str) -> tuple[str, str] | None:
+        """(upstream, its own name for the prompt) for an exposed prompt name."""
+        return self._named["prompts"].owners.get(exposed)
 
     def uri_owner(self, uri: str) -> str | None:
         """The first upstream listing the resource, else the first whose template matches it."""
@@ -180,4 +213,6 @@ class Catalog:
         return None
 
     def merged(self, kind: Kind) -> list[JsonObj]:
-        return merge_unique(self._order, self._lists[kind], LISTINGS[kind].names_by)
+        if kind in self._named:
+            return self._named[kind].items
+        return self._resources

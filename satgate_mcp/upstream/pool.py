@@ -8,7 +8,7 @@ advertised its target.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -21,11 +21,15 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import ProgressCallback, Upstream
-from satgate_mcp.upstream.catalog import ALL_LISTS, LISTINGS, STALE_AFTER, Catalog, Kind
+from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, STALE_AFTER, Catalog, Kind, NameClash
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
 MAX_PAGES = 1000
+#: What the pool tells its listener (method, params): a merged list changed, or a resource was updated.
+Notice = Callable[[str, JsonObj | None], None]
+#: Upstream notifications passed on to the listener as they are (the listener decides who gets them).
+RELAYED = frozenset({"notifications/resources/updated"})
 
 
 def make_upstream(
@@ -59,6 +63,7 @@ class UpstreamPool:
         self._stale: dict[str, set[Kind]] = {name: set() for name in specs}
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
+        self._listener: Notice | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -68,7 +73,7 @@ class UpstreamPool:
             await upstream.start(partial(self._on_notification, name))
         await asyncio.gather(*(u.wait_ready(self._start_timeout) for u in self._upstreams.values()))
         await asyncio.gather(*(self._refresh(name, ALL_LISTS) for name in self._order))
-        clashes = self._catalog.rebuild()
+        clashes = self._rebuild()
         if clashes:
             await self.close()
             raise ConfigError("; ".join(c.message() for c in clashes))
@@ -94,16 +99,23 @@ class UpstreamPool:
     def capabilities(self) -> JsonObj:
         """Tools always; resources, prompts, completions and logging when some upstream offers them.
 
-        No ``subscribe``/``listChanged`` for resources and prompts: the gateway has no stream
-        to deliver their updates on.
+        ``subscribe`` and ``listChanged`` for resources and prompts when some upstream offers
+        them: the session's GET stream carries what they announce.
         """
-        caps: JsonObj = {"tools": {"listChanged": True}}
-        for upstream in self._upstreams.values():
-            offered = (upstream.initialize_result or {}).get("capabilities") or {}
-            for key in ("resources", "prompts", "completions", "logging"):
-                if key in offered:
-                    caps[key] = {}
-        return caps
+        return merged_capabilities([u.initialize_result for u in self._upstreams.values()])
+
+    def instructions(self) -> list[tuple[str, str]]:
+        """(upstream, its ``instructions``) for every initialized upstream that gave some, in configuration order."""
+        found = []
+        for name in self._order:
+            text = (self._upstreams[name].initialize_result or {}).get("instructions")
+            if isinstance(text, str) and text.strip():
+                found.append((name, text.strip()))
+        return found
+
+    def listen(self, listener: Notice) -> None:
+        """The one listener for list changes and resource updates (the gateway's stream hub)."""
+        self._listener = listener
 
     def tools(self) -> list[JsonObj]:
         return [dict(tool) for tool in self._catalog.tools]
@@ -152,6 +164,7 @@ class UpstreamPool:
         return await self._resource_request("resources/unsubscribe", params, on_progress)
 
     async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        """``prompts/get`` on the prompt's owner, under the upstream's own name for it."""
         name = str((params or {}).get("name", ""))
         if self._catalog.prompt_owner(name) is None:
             await self.listing("prompts")  # prompts may change without notice: look again
@@ -159,14 +172,19 @@ class UpstreamPool:
         if owner is None:
             raise UnknownTarget(f"No upstream offers prompt {name[:200]!r}",
                                 {"error": "unknown_prompt", "prompt": name[:200]})
-        return await self._forward("prompts/get", params, [owner], f"prompt {name!r}", on_progress)
+        upstream, original = owner
+        return await self._forward("prompts/get", {**(params or {}), "name": original}, [upstream],
+                                   f"prompt {name!r}", on_progress)
 
     async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         """``completion/complete`` on the owner of the prompt or resource (template) its ref names."""
         ref = (params or {}).get("ref") or {}
         ref = ref if isinstance(ref, dict) else {}
         if ref.get("type") == "ref/prompt":
-            owner, offering, what = self._catalog.prompt_owner(str(ref.get("name"))), "prompts", "prompt"
+            prompt = self._catalog.prompt_owner(str(ref.get("name")))
+            owner, offering, what = (prompt[0] if prompt else None), "prompts", "prompt"
+            if prompt is not None:
+                params = {**(params or {}), "ref": {**ref, "name": prompt[1]}}
         else:
             owner, offering, what = self._catalog.uri_owner(str(ref.get("uri"))), "resources", "resource"
         target = f"{what} {ref.get('name') or ref.get('uri')!r}"
@@ -186,8 +204,8 @@ class UpstreamPool:
         for name, items in zip(names, pages, strict=True):
             if items is not None:
                 self._catalog.update(name, kind, items)
-        self._catalog.rebuild()
-        return {listing.key: self._catalog.merged(kind)}
+        self._log_clashes(self._rebuild())
+        return {listing.key: [dict(item) for item in self._catalog.merged(kind)]}
 
     async def _resource_request(self, method: str, params: JsonObj | None,
                                 on_progress: ProgressCallback | None) -> JsonObj:
@@ -264,13 +282,30 @@ class UpstreamPool:
                     items = await self._fetch_all(name, listing.method, listing.key)
                     if items is not None:
                         self._catalog.update(name, kind, items)
+        self._log_clashes(self._rebuild())
+
+    def _rebuild(self) -> list[NameClash]:
+        """Rebuild the catalog and announce each merged list that changed (once started)."""
+        before = self._catalog.versions()
         clashes = self._catalog.rebuild()
+        after = self._catalog.versions()
+        if self._started and self._listener is not None:
+            for method in dict.fromkeys(ANNOUNCED[k] for k in ALL_LISTS if after[k] != before[k]):
+                self._listener(method, None)
+        return clashes
+
+    def _log_clashes(self, clashes: list[NameClash]) -> None:
         if self._started:  # before that, start() reports clashes as a configuration error
             for clash in clashes:
-                log.error("upstream_tool_clash", tool=clash.tool, kept=clash.kept, ignored=clash.other,
+                what = clash.kind.split()[-1]  # tool, prompt, template
+                log.error(f"upstream_{what}_clash", **{what: clash.name}, kept=clash.kept, ignored=clash.other,
                           fix=clash.message())
 
     async def _on_notification(self, name: str, method: str, params: JsonObj | None) -> None:
+        if method in RELAYED:
+            if self._listener is not None:
+                self._listener(method, params)
+            return
         task = asyncio.create_task(self._apply_notification(name, method))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -281,6 +316,28 @@ class UpstreamPool:
         if stale is not None:
             await self._refresh(name, stale)
             log.info("upstream_lists_refreshed", upstream=name, cause=method, tools=len(self._catalog.tools))
+
+
+#: Capability -> the flags of it the gateway offers when some upstream does (its stream delivers them).
+OFFERED_FLAGS: dict[str, tuple[str, ...]] = {
+    "resources": ("subscribe", "listChanged"),
+    "prompts": ("listChanged",),
+    "completions": (),
+    "logging": (),
+}
+
+
+def merged_capabilities(results: list[JsonObj | None]) -> JsonObj:
+    """What the gateway offers, given each upstream's initialize result: the union of what they offer."""
+    caps: JsonObj = {"tools": {"listChanged": True}}
+    for result in results:
+        offered = (result or {}).get("capabilities") or {}
+        for key, flags in OFFERED_FLAGS.items():
+            if key in offered:
+                theirs = offered[key] if isinstance(offered[key], dict) else {}
+                mine = caps.setdefault(key, {})
+                mine.update({flag: True for flag in flags if theirs.get(flag) is True})
+    return caps
 
 
 def _anonymous(reply: JsonObj) -> JsonObj:

@@ -321,7 +321,8 @@ async def test_deadline_or_second_sigterm_cuts_what_is_left_and_says_so(
                 await call
         call.cancel()
     cut = await gateway.wait_event("drain_cut")
-    assert (cut["reason"], cut["cut"], cut["drained"]) == (reason, 1, 0)
+    assert (cut["reason"], cut["cut"]) == (reason, 1)
+    assert cut["drained"] in (0, 1), "only the client's GET stream, ended as the drain began, may have finished"
     assert cut["seconds"] < 3
     assert not [pid for pid in gateway.upstream_pids() if pid_alive(pid)], "upstream child left behind"
 

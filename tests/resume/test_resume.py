@@ -447,25 +447,22 @@ async def test_delete_of_an_unknown_id_is_404_and_does_not_stop_a_later_resume(
     assert_served(await fresh.call(token, session_id), session_id)
 
 
-async def test_get_is_405_before_and_after_restart_and_creates_nothing(start_gateway: StartGateway,
-                                                                        token: str) -> None:
+async def test_get_after_a_restart_opens_a_new_stream_on_the_resumed_session(start_gateway: StartGateway,
+                                                                             token: str) -> None:
     first = await start_gateway()
     session_id = await first.initialize(token)
-    before = await first.send("GET", token, session_id)
-    assert before.status == 405
-    assert before.headers["Allow"] == "POST, DELETE"
     await first.client.close()
 
     fresh = await start_gateway()
-    for _ in range(2):
-        after = await fresh.send("GET", token, session_id)
-        assert after.status == 405
-        assert after.error == "method_not_allowed"
-        assert "Mcp-Session-Id" not in after.headers
-    assert_nothing_created(fresh)
-
-    assert_served(await fresh.call(token, session_id), session_id)
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {token}", "Mcp-Session-Id": session_id,
+               "MCP-Protocol-Version": LATEST}
+    async with fresh.client.get("/mcp", headers=headers) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        assert resp.headers["Mcp-Session-Id"] == session_id
+        assert (await resp.content.readline()).startswith(b"id: 0")  # the priming event: nothing is replayed
     assert [e["resumed"] for e in fresh.connects()] == [True]
+    assert_served(await fresh.call(token, session_id), session_id)
 
 
 # --- capacity ------------------------------------------------------------------------------------

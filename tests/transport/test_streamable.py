@@ -441,18 +441,6 @@ async def test_202_for_notifications_and_client_responses(gw: Gateway, session: 
     assert await resp.read() == b""
 
 
-@pytest.mark.parametrize("with_session", [pytest.param(False, id="no-session"), pytest.param(True, id="session")])
-async def test_405_for_get_with_an_allow_header(gw: Gateway, session: str, with_session: bool) -> None:
-    headers = {"Accept": "text/event-stream"}
-    if with_session:
-        headers["Mcp-Session-Id"] = session
-    resp = await gw.client.get("/mcp", headers=headers)
-    await assert_refusal(resp, 405, "method_not_allowed")
-    assert set(resp.headers["Allow"].replace(" ", "").split(",")) == {"POST", "DELETE"}
-    assert "Mcp-Session-Id" not in resp.headers
-    assert len(gw.registry) == 1
-
-
 @pytest.mark.parametrize("method", ["PUT", "PATCH"])
 async def test_405_json_rpc_body_for_other_http_methods(gw: Gateway, session: str, method: str) -> None:
     resp = await gw.client.request(method, "/mcp", headers={"Mcp-Session-Id": session}, data=b"{}")

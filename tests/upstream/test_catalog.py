@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.upstream.catalog import Catalog, Kind, ToolClash, merge_tools, merge_unique
+from satgate_mcp.upstream.catalog import Catalog, Kind, NameClash, merge_named, merge_unique
 
 
 def _tools(*names: str) -> list[JsonObj]:
@@ -19,24 +19,24 @@ def _tools(*names: str) -> list[JsonObj]:
                      id="distinct"),
         pytest.param({"a": _tools("x"), "b": _tools("x")}, {"b": "b_"}, {}, {"x": ("a", "x"), "b_x": ("b", "x")}, [],
                      id="prefix-resolves"),
-        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {}, {"x": ("a", "x")}, [ToolClash("x", "a", "b")],
+        pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {}, {"x": ("a", "x")}, [NameClash("x", "a", "b")],
                      id="clash-first-configured-wins"),
         pytest.param({"a": _tools("x"), "b": _tools("x")}, {}, {"x": "b"}, {"x": ("b", "x")},
-                     [ToolClash("x", "b", "a")], id="clash-previous-owner-keeps-it"),
+                     [NameClash("x", "b", "a")], id="clash-previous-owner-keeps-it"),
         pytest.param({"a": [{"name": ""}, {"nope": 1}, *_tools("x", "x")]}, {}, {}, {"x": ("a", "x")}, [],
                      id="junk-and-duplicates-skipped"),
     ],
 )
 def test_tool_union(listings: dict[str, list[JsonObj]], prefixes: dict[str, str], previous: dict[str, str],
-                    owners: dict[str, tuple[str, str]], clashes: list[ToolClash]) -> None:
-    index = merge_tools(["a", "b"], listings, prefixes, previous)
+                    owners: dict[str, tuple[str, str]], clashes: list[NameClash]) -> None:
+    index = merge_named(["a", "b"], listings, prefixes, previous)
     assert index.owners == owners
     assert index.clashes == clashes
     assert [t["name"] for t in index.tools] == list(owners)
 
 
 def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
-    message = ToolClash("search", "github", "jira").message()
+    message = NameClash("search", "github", "jira").message()
     for part in ("'search'", "'github'", "'jira'", "tool_prefix"):
         assert part in message
 
@@ -87,10 +87,50 @@ def test_who_answers_for_a_uri(uri: str, owner: str | None) -> None:
     assert catalog.uri_owner(uri) == owner
 
 
-def test_prompts_belong_to_the_first_upstream_listing_them() -> None:
-    catalog = _catalog({"prompts": {"a": [{"name": "greet"}], "b": [{"name": "greet"}, {"name": "other"}]}})
-    assert (catalog.prompt_owner("greet"), catalog.prompt_owner("other"), catalog.prompt_owner("x")) == (
-        "a", "b", None)
+@pytest.mark.parametrize(
+    ("kind", "key", "prefixes", "exposed", "owners", "clash"),
+    [
+        pytest.param("prompts", "prompts", {"b": "b_"}, ["greet", "b_greet", "b_other"],
+                     {"greet": ("a", "greet"), "b_greet": ("b", "greet")}, None, id="prompt-prefixed-like-tools"),
+        pytest.param("prompts", "prompts", {}, ["greet", "other"], {"greet": ("a", "greet")},
+                     NameClash("greet", "a", "b", "prompt"), id="prompt-clash-reported-not-hidden"),
+        pytest.param("templates", "resourceTemplates", {"b": "b_"}, ["greet", "b_greet", "b_other"], {},
+                     None, id="template-name-prefixed"),
+        pytest.param("templates", "resourceTemplates", {}, ["greet", "other"], {},
+                     NameClash("greet", "a", "b", "resource template"), id="template-clash-reported"),
+    ],
+)
+def test_prompts_and_templates_are_named_like_tools(kind: Kind, key: str, prefixes: dict[str, str],
+                                                    exposed: list[str], owners: dict[str, tuple[str, str]],
+                                                    clash: NameClash | None) -> None:
+    catalog = Catalog(["a", "b"], prefixes)
+    catalog.update("a", kind, [{"name": "greet", "uriTemplate": "m://a/{x}"}])
+    catalog.update("b", kind, [{"name": "greet", "uriTemplate": "m://b/{x}"},
+                               {"name": "other", "uriTemplate": "m://b/o/{x}"}])
+    clashes = catalog.rebuild()
+    assert [item["name"] for item in catalog.merged(kind)] == exposed
+    assert clashes == ([clash] if clash else [])
+    for name, owner in owners.items():
+        assert catalog.prompt_owner(name) == owner
+
+
+def test_a_prompt_clash_message_names_the_prompt_and_the_fix() -> None:
+    message = NameClash("greet", "one", "two", "prompt").message()
+    for part in ("prompt 'greet'", "'one'", "'two'", "tool_prefix"):
+        assert part in message
+
+
+def test_each_list_version_moves_only_when_its_union_changes() -> None:
+    catalog = _catalog({"resources": {"a": [{"uri": "m://1"}]}, "prompts": {"a": [{"name": "p"}]}})
+    before = catalog.versions()
+    catalog.update("a", "resources", [{"uri": "m://1"}])
+    catalog.rebuild()
+    assert catalog.versions() == before, "the same resources listed again"
+    catalog.update("b", "prompts", [{"name": "q"}])
+    catalog.rebuild()
+    after = catalog.versions()
+    assert (after["prompts"], after["resources"], after["tools"]) == (
+        before["prompts"] + 1, before["resources"], before["tools"])
 
 
 def test_the_tools_version_moves_only_when_the_union_changes() -> None:

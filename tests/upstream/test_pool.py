@@ -159,7 +159,9 @@ async def test_prompts_resources_and_completions_are_routed_by_name_and_uri(shar
     assert {"resources", "prompts", "completions"} <= set(caps)
 
     prompts = (await shared.listing("prompts"))["prompts"]
-    assert [p["name"] for p in prompts] == ["greet", "big_greet"]  # "greet" of "two" loses to "one"
+    assert [p["name"] for p in prompts] == ["greet", "two_greet", "big_greet"]  # "two"'s prefix names its prompt
+    got = await shared.get_prompt({"name": "two_greet", "arguments": {"who": "bo"}})
+    assert got["result"]["messages"][0]["content"]["text"] == "two greets bo"  # asked under its own name
     got = await shared.get_prompt({"name": "big_greet", "arguments": {"who": "ann"}})
     assert got["result"]["messages"][0]["content"]["text"] == "big greets ann"
 

@@ -1,0 +1,173 @@
+"""Resource subscriptions per session, reference-counted upstream.
+
+An upstream sees one subscription per URI however many sessions asked: the first session's
+``resources/subscribe`` goes upstream, the last one's ``resources/unsubscribe`` (or the end of
+the last subscribed session) goes upstream, and everything in between is answered here. So one
+session unsubscribing never cancels another's updates. Nothing here survives a restart: a
+resumed session starts with no subscriptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Protocol
+
+import structlog
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.errors import GatewayError
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.base import ProgressCallback
+
+#: URIs one session may hold subscriptions to; each costs memory here and a subscription upstream.
+MAX_PER_SESSION = 1000
+
+log = structlog.get_logger("satgate_mcp.subscriptions")
+
+
+class Forward(Protocol):
+    def __call__(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
+                 ) -> Awaitable[JsonObj]: ...
+
+
+class SubscriptionTable:
+    """Who is subscribed to what: the decisions, with no I/O."""
+
+    def __init__(self) -> None:
+        self._by_uri: dict[str, set[str]] = {}
+        self._by_session: dict[str, set[str]] = {}
+
+    def has(self, session_id: str, uri: str) -> bool:
+        return uri in self._by_session.get(session_id, ())
+
+    def count(self, session_id: str) -> int:
+        return len(self._by_session.get(session_id, ()))
+
+    def add(self, session_id: str, uri: str) -> bool:
+        """Record the subscription; True when it is the URI's first (so the upstream must be asked)."""
+        holders = self._by_uri.setdefault(uri, set())
+        first = not holders
+        holders.add(session_id)
+        self._by_session.setdefault(session_id, set()).add(uri)
+        return first
+
+    def remove(self, session_id: str, uri: str) -> bool:
+        """Forget it; True when that was the URI's last subscription (so the upstream must be told)."""
+        own = self._by_session.get(session_id)
+        if own is None or uri not in own:
+            return False
+        own.discard(uri)
+        if not own:
+            del self._by_session[session_id]
+        holders = self._by_uri[uri]
+        holders.discard(session_id)
+        if holders:
+            return False
+        del self._by_uri[uri]
+        return True
+
+    def drop_session(self, session_id: str) -> list[str]:
+        """Forget every subscription of an ended session; the URIs nobody holds any more."""
+        return [uri for uri in sorted(self._by_session.get(session_id, ())) if self.remove(session_id, uri)]
+
+    def subscribers(self, uri: str) -> frozenset[str]:
+        return frozenset(self._by_uri.get(uri, ()))
+
+
+def _uri(params: JsonObj | None) -> str:
+    uri = (params or {}).get("uri")
+    if not isinstance(uri, str) or not uri:
+        raise GatewayError("resources/subscribe and unsubscribe need a uri", {"error": "invalid_params"},
+                           code=jsonrpc.INVALID_PARAMS)
+    return uri
+
+
+def _empty() -> JsonObj:
+    return jsonrpc.result_response(None, {})
+
+
+class Subscriptions:
+    """The table plus the upstream calls its decisions call for."""
+
+    def __init__(self, subscribe: Forward, unsubscribe: Forward) -> None:
+        self.table = SubscriptionTable()
+        self._subscribe = subscribe
+        self._unsubscribe = unsubscribe
+        #: URI -> the upstream subscribe still in flight: later sessions wait for its answer.
+        self._pending: dict[str, asyncio.Future[JsonObj]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def subscribe(self, session_id: str, params: JsonObj | None, *,
+                        on_progress: ProgressCallback | None = None) -> JsonObj:
+        uri = _uri(params)
+        if not session_id:
+            raise GatewayError("resources/subscribe needs a session: updates arrive on its stream",
+                               {"error": "session_required"}, code=jsonrpc.INVALID_REQUEST)
+        if self.table.has(session_id, uri):
+            return _empty()
+        if self.table.count(session_id) >= MAX_PER_SESSION:
+            raise GatewayError(f"A session may subscribe to at most {MAX_PER_SESSION} resources",
+                               {"error": "too_many_subscriptions", "limit": MAX_PER_SESSION},
+                               code=jsonrpc.INVALID_REQUEST)
+        if not self.table.add(session_id, uri):
+            pending = self._pending.get(uri)
+            if pending is None:
+                return _empty()
+            reply = await asyncio.shield(pending)
+            if "error" in reply:
+                self.table.remove(session_id, uri)
+            return reply
+        future: asyncio.Future[JsonObj] = asyncio.get_running_loop().create_future()
+        self._pending[uri] = future
+        try:
+            reply = await self._subscribe(params, on_progress=on_progress)
+        except BaseException as exc:
+            self._forget(uri)
+            future.set_result(jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, f"subscribe failed: {exc!r}"))
+            raise
+        finally:
+            self._pending.pop(uri, None)
+        if "error" in reply:
+            self._forget(uri)
+        future.set_result(reply)
+        return reply
+
+    async def unsubscribe(self, session_id: str, params: JsonObj | None, *,
+                          on_progress: ProgressCallback | None = None) -> JsonObj:
+        uri = _uri(params)
+        if self.table.remove(session_id, uri):
+            return await self._unsubscribe(params, on_progress=on_progress)
+        return _empty()  # another session still holds it, or this one never did
+
+    def end_session(self, session_id: str) -> None:
+        """A session ended: tell the upstreams about each URI nobody else is subscribed to."""
+        for uri in self.table.drop_session(session_id):
+            task = asyncio.ensure_future(self._release(uri))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def released(self) -> None:
+        """Wait until the upstream unsubscribes of ended sessions went out (tests await this)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _forget(self, uri: str) -> None:
+        """The upstream refused (or never got) the subscription: nobody holds it."""
+        for session_id in self.table.subscribers(uri):
+            self.table.remove(session_id, uri)
+
+    async def _release(self, uri: str) -> None:
+        try:
+            await self._unsubscribe({"uri": uri})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("upstream_unsubscribe_failed", uri=uri[:200], error=str(exc) or repr(exc))
