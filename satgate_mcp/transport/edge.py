@@ -27,12 +27,13 @@ from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import Publisher
 from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.keys import SESSION_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import CloseReason, RegistryFull, ResumeRefusal, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.relay import CallRelay, Emit, PendingAsks, is_log_level, most_verbose
-from satgate_mcp.transport.rules import Refusal
+from satgate_mcp.transport.rules import SESSION_HEADER, Refusal
 
 log = structlog.get_logger("satgate_mcp.transport")
 
@@ -187,6 +188,19 @@ class Edge:
             self._saw_tools(outcome.session)
             self._metrics.sessions_resumed.inc()
         return outcome.session
+
+    async def named_session(self, request: web.Request, *, may_resume: bool) -> Session | Refusal:
+        """The session the request's ``Mcp-Session-Id`` names, after its token: the steps GET and DELETE share."""
+        session_id = request.headers.get(SESSION_HEADER)
+        refusal = rules.check_session_header(session_id)
+        if refusal:
+            return refusal
+        assert session_id is not None
+        request[SESSION_ID] = session_id
+        principal = await self.principal(request)
+        if isinstance(principal, Refusal):
+            return principal
+        return self.session(request, principal, session_id, may_resume=may_resume)
 
     def touch(self, session: Session) -> None:
         self._registry.touch(session)

@@ -20,7 +20,6 @@ from aiohttp import web
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.keys import SESSION_ID
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import SubscriptionTable
 from satgate_mcp.transport import rules
@@ -156,12 +155,7 @@ class StandaloneStream:
                    or rules.check_protocol_header(request.headers.get(VERSION_HEADER)))
         if refusal:
             return refusal_answer(refusal)
-        assert session_id is not None
-        request[SESSION_ID] = session_id
-        principal = await edge.principal(request)
-        if isinstance(principal, Refusal):
-            return refusal_answer(principal)
-        session = edge.session(request, principal, session_id, may_resume=True)
+        session = await edge.named_session(request, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session)
         stream = self._hub.open(session, partial(_connected, request))

@@ -133,20 +133,14 @@ class StreamableHttpTransport:
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         edge = self._edge
-        session_id = request.headers.get(SESSION_HEADER)
-        refusal = edge.check_host_origin(request) or rules.check_session_header(session_id)
+        refusal = edge.check_host_origin(request)
         if refusal:
             return refusal_answer(refusal)
-        assert session_id is not None
-        request[SESSION_ID] = session_id
-        principal = await edge.principal(request)
-        if isinstance(principal, Refusal):
-            return refusal_answer(principal)
-        session = edge.session(request, principal, session_id, may_resume=False)
+        session = await edge.named_session(request, may_resume=False)
         if isinstance(session, Refusal):
             return refusal_answer(session)
         edge.end_session(session)
-        return web.Response(status=200, headers={SESSION_HEADER: session_id})
+        return web.Response(status=200, headers={SESSION_HEADER: session.id})
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         edge = self._edge
