@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -236,13 +236,6 @@ class Gateway:
                 if sample.name == name and sample.labels == labels:
                     return float(sample.value)
         return 0.0
-
-
-@pytest.fixture(scope="module")
-def web() -> Iterator[HttpUpstreamProcess]:
-    server = HttpUpstreamProcess("--name", "web", "--prefix", "web_").start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,13 +114,6 @@ async def connect(url: str, name: str, *, token: str = TOKEN, features: bool = T
             yield Agent(session, client, wire)
     except BaseExceptionGroup as group:
         raise sole(group) from None
-
-
-@pytest.fixture(scope="module")
-def web() -> Iterator[HttpUpstreamProcess]:
-    server = HttpUpstreamProcess("--name", "web", "--prefix", "web_").start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,13 +102,6 @@ async def connect(url: str) -> AsyncIterator[Agent]:
 class Gateway:
     url: str
     web: HttpUpstreamProcess
-
-
-@pytest.fixture(scope="module")
-def web() -> Iterator[HttpUpstreamProcess]:
-    server = HttpUpstreamProcess("--name", "web", "--prefix", "web_").start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
