@@ -3,16 +3,23 @@
 The socket is bound before the app starts but listened on only once it is ready, so the kernel never
 hands a connection to a process that would fail its calls. At a stop the listener closes first and
 the connections already queued on a socket we bound are adopted and served, never reset.
+
+Closing one socket of a ``SO_REUSEPORT`` group resets the handshakes the kernel had just hashed to it
+(Linux without ``net.ipv4.tcp_migrate_req``), so a stopping process that shares its port first steers
+new connections to the newest socket of the group and accepts for a moment before it closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import ipaddress
 import os
 import socket
+import struct
+import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Literal
@@ -136,6 +143,7 @@ class Listener:
     name: str
     host: str
     port: int | None
+    reuse_port: bool = False
 
 
 def _describe(sock: socket.socket) -> tuple[str, int | None]:
@@ -230,7 +238,7 @@ def bind_socket(host: str, port: int, *, reuse_port: bool, handover: bool = Fals
         raise ListenError(f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
     sock.setblocking(False)
     bound_host, bound_port = _describe(sock)
-    return Listener(sock, "bind", f"{host}:{port}", bound_host, bound_port)
+    return Listener(sock, "bind", f"{host}:{port}", bound_host, bound_port, reuse_port=reuse_port)
 
 
 def clear_listen_env(environ: MutableMapping[str, str]) -> None:
@@ -265,6 +273,57 @@ def acquire_listeners(settings: Settings, environ: MutableMapping[str, str], pid
 
 
 
+#: ``SO_ATTACH_REUSEPORT_CBPF`` from <asm-generic/socket.h>; Python's socket module does not name it.
+SO_ATTACH_REUSEPORT_CBPF = 51
+#: Classic BPF ``ret #1``: the group's socket at index 1. A handover group holds the old socket at 0
+#: (it was alone before) and the new one at 1; with one socket left, 1 is out of range and the
+#: kernel falls back to its hash, so the program is harmless after the old socket is gone.
+_BPF_RET_K = 0x06
+STEER_TO_INDEX = 1
+#: How long a steered listener keeps accepting: handshakes hashed to it just before finish within this.
+STEER_GRACE_SECONDS = 0.25
+#: State column of a listening socket in /proc/net/tcp{,6}.
+_TCP_LISTEN = "0A"
+
+
+def listeners_on_port(proc_net_tcp: str, port: int) -> int:
+    """How many sockets of a /proc/net/tcp table listen on *port* (any address)."""
+    count = 0
+    for line in proc_net_tcp.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == _TCP_LISTEN and fields[1].rpartition(":")[2].upper() == f"{port:04X}":
+            count += 1
+    return count
+
+
+def shares_port(port: int | None) -> bool:
+    """Whether another socket listens on our port too (a handover under way); unknown counts as yes."""
+    if port is None or not sys.platform.startswith("linux"):
+        return False
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                count += listeners_on_port(fh.read(), port)
+        except OSError:
+            return True
+    return count > 1
+
+
+def steer_to_newest(sock: socket.socket) -> bool:
+    """Ask the kernel to hash no new connection of this port's group to *sock*; False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    instruction = ctypes.create_string_buffer(struct.pack("=HBBI", _BPF_RET_K, 0, 0, STEER_TO_INDEX))
+    program = struct.pack("@HP", 1, ctypes.addressof(instruction))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, program)
+    except OSError as exc:
+        log.warning("steer_failed", error=exc.strerror)
+        return False
+    return True
+
+
 async def _adopt_queued(listeners: Iterable[Listener], server: web.Server) -> int:
     """Serve connections the kernel queued on our bound socket before we closed it, instead of resetting them.
 
@@ -289,8 +348,13 @@ async def _adopt_queued(listeners: Iterable[Listener], server: web.Server) -> in
 
 async def stop_listening(sites: list[web.SockSite], listeners: list[Listener], server: web.Server) -> int:
     """Close every listener first; return how many already-queued connections were adopted."""
+    shared = [lst for lst in listeners if lst.source == "bind" and lst.reuse_port and shares_port(lst.port)]
+    if [lst for lst in shared if steer_to_newest(lst.sock)]:
+        # The sites still accept meanwhile: whatever was hashed here before the steer is served.
+        log.info("steered_to_new_listener", grace_seconds=STEER_GRACE_SECONDS)
+        await asyncio.sleep(STEER_GRACE_SECONDS)
     # asyncio closes the socket it serves on; a duplicate keeps a bound socket's accept queue alive.
-    bound = [Listener(lst.sock.dup(), lst.source, lst.name, lst.host, lst.port)
+    bound = [Listener(lst.sock.dup(), lst.source, lst.name, lst.host, lst.port, lst.reuse_port)
              for lst in listeners if lst.source == "bind"]
     for site in sites:
         await site.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import pytest
 
@@ -299,3 +300,64 @@ def test_an_inherited_fd_that_is_not_a_listening_stream_socket_is_refused(make: 
         with pytest.raises(ListenError, match="not a listening stream socket"):
             sockets.adopt_fd(InheritedFd(sock.fileno(), "web"))
         sock.getsockname()  # still open: a refused fd is not closed under its owner
+
+
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
+   2: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0
+   3: 00000000:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1 0 100 0 0 10 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("port", "expected"),
+    [
+        pytest.param(8080, 2, id="two-listeners-one-connection-not-counted"),
+        pytest.param(8081, 1, id="alone"),
+        pytest.param(8082, 0, id="nobody"),
+    ],
+)
+def test_listeners_on_port_counts_only_listening_sockets(port: int, expected: int) -> None:
+    assert sockets.listeners_on_port(PROC_NET_TCP, port) == expected
+
+
+def _reuse_port_listener(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(64)
+    return sock
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_ATTACH_REUSEPORT_CBPF is Linux's")
+def test_a_steered_old_listener_gets_no_new_connection_so_closing_it_resets_none() -> None:
+    """The handover race: the kernel hashes new connections over the group, and closing resets those it hashed."""
+    old = _reuse_port_listener(0)
+    port = old.getsockname()[1]
+    new = _reuse_port_listener(port)
+    clients = []
+    try:
+        assert sockets.shares_port(port)
+        assert sockets.steer_to_newest(old)
+        for _ in range(32):
+            client = socket.create_connection(("127.0.0.1", port), timeout=5)
+            clients.append(client)
+        old.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            old.accept()
+        new.settimeout(5)
+        for _ in clients:
+            new.accept()[0].close()
+    finally:
+        for client in clients:
+            client.close()
+        old.close()
+        new.close()
+    alone = _reuse_port_listener(0)
+    try:
+        assert not sockets.shares_port(alone.getsockname()[1])
+    finally:
+        alone.close()
