@@ -98,6 +98,7 @@ async def test_reuse_port_handover_refuses_nothing_and_fails_no_call(gateways: G
     assert ((await old.wait_event("listening"))["source"], (await new.wait_event("listening"))["source"]) == (
         "bind", "bind")
     assert (await new.wait_event("handover"))["listener_found"] is True
+    assert old.find("steered_to_new_listener"), "the old socket steered new connections away before closing"
     new.signal(signal.SIGTERM)
     await assert_clean_exit(new)
 
