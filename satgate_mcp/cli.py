@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -18,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import structlog
+from dotenv import dotenv_values
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -27,7 +30,7 @@ from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, v
 from satgate_mcp.auth.revocation import check_token_id
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings
+from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings, unknown_variables
 from satgate_mcp.state import cli_revocations, no_cli_revocations_reason
 
 PROG = "satgate-mcp"
@@ -147,6 +150,17 @@ def _token_settings(config: Path | None) -> TokenSettings:
     return TokenSettings()
 
 
+def _warn_unknown_variables(config: Path | None) -> None:
+    """One warning at start naming every ``SATGATE_*`` variable (environment or config file) nothing reads."""
+    names = list(os.environ)
+    if config is not None:
+        names += [name for name in dotenv_values(config) if name]
+    if unknown := unknown_variables(names):
+        structlog.get_logger("satgate_mcp.cli").warning(
+            "unknown_variables", names=sorted(unknown), did_you_mean={k: v for k, v in unknown.items() if v},
+            hint="these SATGATE_* variables are ignored; the README's Configuration section lists every setting")
+
+
 def cmd_serve(args: argparse.Namespace) -> ExitCode:
     if problem := _missing_config(args.config):
         return _fail(problem)
@@ -162,6 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> ExitCode:
     from satgate_mcp.logs import configure_logging
 
     configure_logging(settings)
+    _warn_unknown_variables(args.config)
     try:
         return serve(settings)
     except ConfigError as exc:

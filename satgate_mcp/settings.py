@@ -6,8 +6,10 @@ plain ``ValueError`` with readable text and ``format_errors`` turns them into th
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -237,6 +239,26 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     if config_file is not None:
         return Settings(_env_file=config_file, **overrides)  # type: ignore[call-arg]
     return Settings(**overrides)
+
+
+#: ``SATGATE_*`` names read by something other than ``Settings``: client examples and the scripts.
+OTHER_KNOWN_VARIABLES = frozenset({"SATGATE_TOKEN", "SATGATE_BIN", "SATGATE_TEST_VENV", "SATGATE_CONFORMANCE"})
+
+
+def known_variables() -> frozenset[str]:
+    return frozenset(ENV_PREFIX + name.upper() for name in Settings.model_fields) | OTHER_KNOWN_VARIABLES
+
+
+def unknown_variables(names: Iterable[str]) -> dict[str, str | None]:
+    """``SATGATE_*`` names nothing reads, each with the likeliest intended name: a typo is otherwise ignored."""
+    known = sorted(known_variables())
+    found: dict[str, str | None] = {}
+    for name in sorted(set(names)):
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in known:
+            close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+            found[name] = close[0] if close else None
+    return found
 
 
 def format_errors(exc: ValidationError) -> str:

@@ -16,6 +16,7 @@ from satgate_mcp.settings import (
     format_errors,
     load_settings,
     parse_rate,
+    unknown_variables,
 )
 
 SHORT_KEY = "too-short-key"
@@ -211,3 +212,18 @@ def test_upstreams_share_one_connection_by_default(transport: dict[str, object])
 def test_an_isolation_this_version_cannot_give_is_refused_at_start_up(isolation: str) -> None:
     with pytest.raises(ValidationError, match=f'"isolation": "{isolation}" is not available'):
         Settings(upstreams={"u": {"transport": "stdio", "command": ["srv"], "isolation": isolation}})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        pytest.param(["SATGATE_PORT", "SATGATE_ROOT_KEY", "HOME"], {}, id="known-and-foreign-names-pass"),
+        pytest.param(["SATGATE_TOKEN", "SATGATE_TEST_VENV"], {}, id="names-the-scripts-read-pass"),
+        pytest.param(["SATGATE_PROT"], {"SATGATE_PROT": "SATGATE_PORT"}, id="typo-gets-a-suggestion"),
+        pytest.param(["satgate_rate_limt"], {"satgate_rate_limt": "SATGATE_RATE_LIMIT"}, id="any-case"),
+        pytest.param(["SATGATE_SOMETHING_ELSE"], {"SATGATE_SOMETHING_ELSE": None}, id="no-close-name"),
+        pytest.param(["satgate_port"], {}, id="lower-case-known-name-is-read"),
+    ],
+)
+def test_misspelled_satgate_variables_are_named(names: list[str], expected: dict[str, str | None]) -> None:
+    assert unknown_variables(names) == expected

@@ -386,3 +386,14 @@ async def test_systemd_socket_activation_as_systemd_itself_speaks_it(gateways: G
     assert (listening["source"], listening["name"], listening["port"]) == ("systemd", "satgate", port)
     gateway.signal(signal.SIGTERM)
     await assert_clean_exit(gateway)
+
+
+async def test_a_misspelled_variable_is_named_once_at_start(gateways: Gateways) -> None:
+    port = free_port()
+    gateway = await gateways.start(light_env(port, SATGATE_RATE_LIMT="5/s"), name="gateway")
+    await gateway.wait_event("listening")
+    (warning,) = gateway.find("unknown_variables")
+    assert warning["names"] == ["SATGATE_RATE_LIMT"]
+    assert warning["did_you_mean"] == {"SATGATE_RATE_LIMT": "SATGATE_RATE_LIMIT"}
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)
