@@ -102,3 +102,27 @@ def test_dockerfile_runs_unprivileged_and_stops_with_sigterm() -> None:
         assert line in final, line
     assert re.search(r"HEALTHCHECK .*CMD \[\"python\".*/healthz", final, re.S)
     assert not re.search(r"apt-get|gcc|build-essential", final), "no build tools in the final stage"
+
+
+def docker_env_file(lines: list[str]) -> dict[str, str]:
+    """What `docker run --env-file` passes: the text after the first '=', literally (quotes kept)."""
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_env_example_means_the_same_to_docker_systemd_and_dotenv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker keeps quotes and backslashes that systemd and dotenv strip: bare values read alike in all three."""
+    lines = example_lines()
+    assignments = [line.removeprefix("# ") for line in lines if re.match(r"#? ?SATGATE_[A-Z_]+=", line)]
+    for line in assignments:
+        value = line.split("=", 1)[1]
+        assert not value.startswith(("'", '"')), line
+        assert "\\" not in value, line
+    for name in Settings.model_fields:
+        monkeypatch.delenv(ENV_PREFIX + name.upper(), raising=False)
+    for name, value in docker_env_file(lines).items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == load_settings(ENV_EXAMPLE)
+    examples = {line.split("=", 1)[0]: line.split("=", 1)[1] for line in assignments if "={" in line}
+    for name, value in examples.items():
+        monkeypatch.setenv(name, value)
+    assert Settings().upstreams, "the commented upstream example loads as Docker would pass it"
