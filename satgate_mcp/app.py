@@ -90,7 +90,8 @@ def create_app(
                 publisher=publisher, metrics=metrics)
 
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
-    app = web.Application(middlewares=[request_logger(metrics)], client_max_size=settings.max_body_bytes + 1)
+    app = web.Application(middlewares=[request_logger(metrics, log_health=settings.access_log_health)],
+                          client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[REGISTRY] = registry
     app[POOL] = pool

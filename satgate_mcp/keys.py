@@ -25,3 +25,4 @@ RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
 #: Per-request facts the canonical log line reports.
 SESSION_ID = web.RequestKey("session_id", str)
 RPC_METHOD = web.RequestKey("rpc_method", str)
+TOKEN_ID = web.RequestKey("token_id", str)

@@ -147,6 +147,7 @@ class Settings(BaseSettings):
 
     log_format: Literal["json", "console"] | None = None
     log_level: str = "INFO"
+    access_log_health: bool = True
 
     @field_validator("allowed_origins", "allowed_hosts", "oauth_authorization_servers", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ from satgate_mcp.auth.base import StaticTokenAuthenticator
 from satgate_mcp.events import LogPublisher
 from satgate_mcp.logs import REDACTED, configure_logging, redact_secrets
 from satgate_mcp.settings import Settings
+from satgate_mcp.transport.middleware import logs_request
 from tests.fakes import AllowAllPolicy, FakePool
 
 SECRET = "s3cret-static-token"
@@ -116,8 +117,37 @@ async def test_one_http_request_line_per_request(client: TestClient[web.Request,
         ("GET", "/mcp", 400, None),
     ]
     assert [e["rpc_method"] for e in lines] == ["initialize", "ping", "ping", None]
+    # Who asked: the verified token's id (never the bearer), and where from.
+    assert [e["token_id"] for e in lines] == ["static", "static", None, None]
+    assert {e["client"] for e in lines} == {"127.0.0.1"}
     assert all(isinstance(e["duration_ms"], float) and e["duration_ms"] >= 0 for e in lines)
     # Events (session_connect, auth_failure) are logged too, and no log entry carries a bearer token.
     assert {"session_connect", "auth_failure"} <= {entry["event"] for entry in logs}
     assert SECRET not in repr(logs)
     assert WRONG not in repr(logs)
+
+
+@pytest.mark.parametrize(
+    ("path", "log_health", "logged"),
+    [
+        pytest.param("/healthz", True, True, id="probes-logged-by-default"),
+        pytest.param("/healthz", False, False, id="liveness-left-out"),
+        pytest.param("/readyz", False, False, id="readiness-left-out"),
+        pytest.param("/mcp", False, True, id="everything-else-still-logged"),
+        pytest.param("/metrics", False, True, id="metrics-scrapes-still-logged"),
+    ],
+)
+def test_health_probes_may_be_left_out_of_the_access_log(path: str, log_health: bool, logged: bool) -> None:
+    assert logs_request(path, log_health=log_health) is logged
+
+
+async def test_access_log_health_false_drops_probe_lines_but_counts_them(aiohttp_client: AiohttpClient) -> None:
+    app = create_app(Settings(access_log_health=False), authenticator=StaticTokenAuthenticator(SECRET),
+                     pool=FakePool(), policy=AllowAllPolicy(), publisher=LogPublisher())
+    client = await aiohttp_client(app)
+    with capture_logs() as logs:
+        assert (await client.get("/healthz")).status == 200
+        assert (await client.get("/mcp")).status == 400  # a stream needs a session
+    assert [e["path"] for e in logs if e["event"] == "http_request"] == ["/mcp"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'method="GET",status="200"' in metrics

@@ -27,7 +27,7 @@ from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import Publisher
 from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj, RequestId
-from satgate_mcp.keys import SESSION_ID
+from satgate_mcp.keys import SESSION_ID, TOKEN_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import CloseReason, RegistryFull, ResumeRefusal, Session, SessionRegistry
 from satgate_mcp.settings import Settings
@@ -139,10 +139,13 @@ class Edge:
     async def principal(self, request: web.Request) -> Principal | Refusal:
         result = await self._auth.authenticate(request.headers.get("Authorization"))
         if result.ok and result.identity is not None:
+            request[TOKEN_ID] = result.identity.token_id
             return Principal(result.token, result.identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
+        # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
+        token_id = result.identity.token_id if result.identity is not None else None
         self._publisher.publish(events.AUTH_FAILURE, outcome=str(result.outcome), reason=result.reason,
-                                path=request.path, remote=request.remote)
+                                path=request.path, remote=request.remote, token_id=token_id)
         return rules.auth_refusal(result.outcome, self._settings.oauth_resource_metadata_url)
 
     # --- sessions -------------------------------------------------------------------------------

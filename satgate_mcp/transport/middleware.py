@@ -8,7 +8,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from satgate_mcp.keys import RPC_METHOD, SESSION_ID
+from satgate_mcp.keys import RPC_METHOD, SESSION_ID, TOKEN_ID
 from satgate_mcp.metrics import Metrics
 
 #: Methods we label metrics with; anything else is "other" so clients cannot blow up cardinality.
@@ -19,10 +19,18 @@ KNOWN_METHODS = frozenset({
     "satgate/budget", "satgate/delegate", "response",
 })
 
+#: Probe paths ``SATGATE_ACCESS_LOG_HEALTH=false`` keeps out of the access log (their metric still counts).
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+
 log = structlog.get_logger("satgate_mcp.http")
 
 
-def request_logger(metrics: Metrics) -> Middleware:
+def logs_request(path: str, *, log_health: bool) -> bool:
+    """A probe every few seconds would drown the access log; operators may leave those lines out."""
+    return log_health or path not in HEALTH_PATHS
+
+
+def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
@@ -38,8 +46,9 @@ def request_logger(metrics: Metrics) -> Middleware:
             rpc_method = request.get(RPC_METHOD)
             label = rpc_method if rpc_method in KNOWN_METHODS else ("other" if rpc_method else request.method)
             metrics.requests.labels(method=label, status=str(status)).inc()
-            log.info("http_request", method=request.method, path=request.path, status=status,
-                     session_id=request.get(SESSION_ID), rpc_method=rpc_method,
-                     duration_ms=round((time.perf_counter() - started) * 1000, 2))
+            if logs_request(request.path, log_health=log_health):
+                log.info("http_request", method=request.method, path=request.path, status=status,
+                         session_id=request.get(SESSION_ID), rpc_method=rpc_method, token_id=request.get(TOKEN_ID),
+                         client=request.remote, duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
     return middleware
