@@ -347,6 +347,8 @@ class Dispatcher:
             if target is not None and not allows(call.identity, *target):
                 kind, name = target
                 self._metrics.refusals.labels(reason=f"{kind}_not_allowed").inc()
+                self._publisher.publish(events.NOT_ALLOWED, token_id=call.identity.token_id,
+                                        session_id=call.session_id, method=method, kind=kind, name=name[:200])
                 raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
                                    {"error": f"{kind}_not_allowed", kind: name[:200]},
                                    code=jsonrpc.TOOL_NOT_ALLOWED)
@@ -385,6 +387,8 @@ class Dispatcher:
                                code=jsonrpc.INVALID_PARAMS)
         if not identity.allows_tool(name):
             self._metrics.refusals.labels(reason="tool_not_allowed").inc()
+            self._publisher.publish(events.NOT_ALLOWED, token_id=identity.token_id, session_id=session_id,
+                                    method="tools/call", kind="tool", name=name[:200])
             raise ToolNotAllowed(f"Tool {name!r} is not allowed for this token",
                                  {"error": "tool_not_allowed", "tool": name})
         upstream = self._pool.owner_of_tool(name)

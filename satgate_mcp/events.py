@@ -22,6 +22,8 @@ TOOL_CALL: Final = "tool_call"
 BUDGET_SPEND: Final = "budget_spend"
 BUDGET_EXHAUSTED: Final = "budget_exhausted"
 RATE_LIMITED: Final = "rate_limited"
+#: A caveat refused a tool, resource or prompt: which token asked for what (a probe, or a misconfigured agent).
+NOT_ALLOWED: Final = "not_allowed"
 DELEGATION: Final = "delegation"
 UPSTREAM_RESTART: Final = "upstream_restart"
 

@@ -289,9 +289,11 @@ async def test_bad_tool_calls_never_reach_the_pool(params: JsonObj, code: int, e
 
 async def test_a_tool_outside_the_tokens_filter_is_refused_and_counted() -> None:
     pool = FakePool()
-    dispatcher, _, metrics = make_dispatcher(pool, AllowAllPolicy())
+    dispatcher, publisher, metrics = make_dispatcher(pool, AllowAllPolicy())
     narrowed = Identity(token_id="t", tool_filters=(("echo",),))
     reply = await handle(dispatcher, "tools/call", {"name": "secret_tool"}, identity=narrowed)
+    (event,) = publisher.named(events.NOT_ALLOWED)
+    assert (event["token_id"], event["kind"], event["name"]) == ("t", "tool", "secret_tool")
     assert reply["error"]["code"] == jsonrpc.TOOL_NOT_ALLOWED
     assert reply["error"]["data"] == {"error": "tool_not_allowed", "tool": "secret_tool"}
     assert pool.calls == []

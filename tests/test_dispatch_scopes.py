@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy, named_target, visible_listing
 from satgate_mcp.events import RecordingPublisher
@@ -138,8 +138,11 @@ def test_several_caveats_intersect() -> None:
 async def test_attack_token_without_resource_scope_reads_a_resource(method: str, params: JsonObj, error: str
                                                                     ) -> None:
     policy = AllowAllPolicy()
-    dispatcher, pool, metrics = make(policy)
+    pool, metrics, publisher = ResourcePool(), Metrics(), RecordingPublisher()
+    dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
     reply = await handle(dispatcher, method, params, request_id=9)
+    (event,) = publisher.named(events.NOT_ALLOWED)
+    assert (event["token_id"], event["method"], f'{event["kind"]}_not_allowed') == (SCOPED.token_id, method, error)
     assert reply["id"] == 9
     assert reply["error"]["code"] == jsonrpc.TOOL_NOT_ALLOWED
     assert reply["error"]["data"]["error"] == error

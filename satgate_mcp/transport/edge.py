@@ -143,9 +143,9 @@ class Edge:
             return Principal(result.token, result.identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
-        token_id = result.identity.token_id if result.identity is not None else None
+        named = {"token_id": result.identity.token_id} if result.identity is not None else {}
         self._publisher.publish(events.AUTH_FAILURE, outcome=str(result.outcome), reason=result.reason,
-                                path=request.path, remote=request.remote, token_id=token_id)
+                                path=request.path, remote=request.remote, **named)
         return rules.auth_refusal(result.outcome, self._settings.oauth_resource_metadata_url)
 
     # --- sessions -------------------------------------------------------------------------------
