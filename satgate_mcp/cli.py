@@ -30,8 +30,17 @@ from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, v
 from satgate_mcp.auth.revocation import check_token_id
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.settings import ENV_PREFIX, MIN_ROOT_KEY_LENGTH, format_errors, load_settings, unknown_variables
+from satgate_mcp.settings import (
+    ENV_PREFIX,
+    MIN_ROOT_KEY_LENGTH,
+    Settings,
+    StdioUpstreamSpec,
+    format_errors,
+    load_settings,
+    unknown_variables,
+)
 from satgate_mcp.state import cli_revocations, no_cli_revocations_reason
+from satgate_mcp.upstream.wire import child_env, command_problem
 
 PROG = "satgate-mcp"
 
@@ -161,6 +170,15 @@ def _warn_unknown_variables(config: Path | None) -> None:
             hint="these SATGATE_* variables are ignored; the README's Configuration section lists every setting")
 
 
+def _stdio_command_problem(settings: Settings) -> str | None:
+    for name, spec in settings.upstreams.items():
+        if isinstance(spec, StdioUpstreamSpec):
+            env = child_env(os.environ, spec.env)
+            if problem := command_problem(name, spec.command[0], spec.cwd, env):
+                return problem
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> ExitCode:
     if problem := _missing_config(args.config):
         return _fail(problem)
@@ -172,6 +190,8 @@ def cmd_serve(args: argparse.Namespace) -> ExitCode:
     except SettingsError as exc:
         print(format_settings_error(exc), file=sys.stderr)
         return ExitCode.CONFIG
+    if problem := _stdio_command_problem(settings):
+        return _fail(problem)
     from satgate_mcp.daemon.runner import serve  # heavy (the aiohttp app): imported only to serve
     from satgate_mcp.logs import configure_logging
 

@@ -6,7 +6,9 @@ Nothing here does I/O, so each rule is tested from a table.
 from __future__ import annotations
 
 import codecs
+import os
 import re
+import shutil
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,6 +124,25 @@ def child_env(inherited: Mapping[str, str], overrides: Mapping[str, str]) -> dic
     env = {k: inherited[k] for k in INHERITED_ENV if k in inherited}
     env.update(overrides)
     return env
+
+
+def command_problem(name: str, command: str, cwd: str | None, env: Mapping[str, str]) -> str | None:
+    """Why a stdio upstream cannot start at all, or None.
+
+    A missing program never starts however often it is retried, so it is a configuration error at
+    start; a program that exists but crashes keeps the restart backoff. ``command`` is found as the
+    child's exec would: a name on the child's PATH, a path relative to ``cwd``.
+    """
+    if cwd is not None and not os.path.isdir(cwd):
+        return f"upstream {name!r}: its cwd {cwd!r} is not a directory"
+    if os.sep in command:
+        path = command if os.path.isabs(command) else os.path.join(cwd or os.curdir, command)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return f"upstream {name!r}: command {command!r} is not an executable file"
+        return None
+    if shutil.which(command, path=env.get("PATH", os.defpath)) is None:
+        return f"upstream {name!r}: command {command!r} is not found on PATH"
+    return None
 
 
 def describe_exit(returncode: int | None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 import signal
@@ -397,3 +398,15 @@ async def test_a_misspelled_variable_is_named_once_at_start(gateways: Gateways) 
     assert warning["did_you_mean"] == {"SATGATE_RATE_LIMT": "SATGATE_RATE_LIMIT"}
     gateway.signal(signal.SIGTERM)
     await assert_clean_exit(gateway)
+
+
+def test_a_stdio_upstream_whose_command_does_not_exist_stops_the_start_with_one_line() -> None:
+    upstreams = json.dumps({"fs": {"transport": "stdio", "command": ["no-such-mcp-server-xyz", "--serve"]}})
+    env = {**gateway_env(free_port()), "SATGATE_UPSTREAMS": upstreams}
+    result = subprocess.run([*SERVE], env=env, cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "upstream 'fs'" in lines[0]
+    assert "'no-such-mcp-server-xyz'" in lines[0]
+    assert "upstream_spawned" not in result.stdout, "nothing starts"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from satgate_mcp.upstream.wire import (
     backoff_delay,
     check_initialize_result,
     child_env,
+    command_problem,
     describe_exit,
     initialize_params,
     is_pool_notification,
@@ -193,3 +195,38 @@ def test_the_handshake_timeout_is_never_shorter_than_a_cold_start(call_timeout: 
 
 def test_the_gateway_introduces_itself_upstream_by_its_own_name_and_version() -> None:
     assert initialize_params()["clientInfo"] == {"name": SERVER_NAME, "version": __version__}
+
+
+@pytest.fixture
+def programs(tmp_path: Path) -> Path:
+    """A folder with one executable and one plain file, to be found by name on PATH or by path."""
+    (tmp_path / "tool").write_text("#!/bin/sh\n")
+    (tmp_path / "tool").chmod(0o755)
+    (tmp_path / "notes").write_text("not a program\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("command", "cwd", "on_path", "problem"),
+    [
+        pytest.param("tool", None, True, None, id="name-on-the-childs-path"),
+        pytest.param("tool", None, False, "command 'tool' is not found on PATH", id="name-not-on-path"),
+        pytest.param("no-such-program", None, True, "is not found on PATH", id="missing-name"),
+        pytest.param("./tool", ".", False, None, id="path-relative-to-cwd"),
+        pytest.param("./notes", ".", False, "command './notes' is not an executable file", id="not-executable"),
+        pytest.param("/nonexistent/bin/x", None, False, "is not an executable file", id="missing-absolute-path"),
+        pytest.param("tool", "missing-dir", True, "its cwd", id="cwd-missing"),
+    ],
+)
+def test_a_stdio_command_that_cannot_start_is_named_at_start(
+    programs: Path, command: str, cwd: str | None, on_path: bool, problem: str | None
+) -> None:
+    env = {"PATH": str(programs) if on_path else "/nonexistent"}
+    where = None if cwd is None else str(programs / cwd)
+    found = command_problem("fs", command, where, env)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert found.startswith("upstream 'fs': ")
+        assert problem in found
