@@ -28,7 +28,7 @@ from satgate_mcp import __version__
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id
-from satgate_mcp.errors import ConfigError
+from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import (
     ENV_PREFIX,
@@ -200,7 +200,11 @@ def cmd_serve(args: argparse.Namespace) -> ExitCode:
     try:
         return serve(settings)
     except ConfigError as exc:
+        # Every start-up failure has the same shape: one JSON event in the log, one line on stderr.
+        structlog.get_logger("satgate_mcp.cli").error("config_error", error=str(exc))
         return _fail(str(exc))
+    except StartFailed as exc:
+        return _fail(str(exc), ExitCode.FAILED)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
 

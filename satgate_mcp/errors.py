@@ -58,3 +58,10 @@ class ToolNotAllowed(GatewayError):
 
 class ConfigError(Exception):
     """Configuration that cannot work; the message names what to fix."""
+
+
+class StartFailed(Exception):
+    """The daemon could not start for a reason a later try may not have (a taken port): exit 1, not 2.
+
+    Like a ConfigError it reaches the CLI, which prints its one stderr line; systemd restarts on 1 only.
+    """

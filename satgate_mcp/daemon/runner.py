@@ -35,7 +35,7 @@ from satgate_mcp.daemon.children import terminate_leftover_children
 from satgate_mcp.daemon.drain import ConnectionTracker, Sleep, drain, exit_code, first_of
 from satgate_mcp.daemon.notify import Notifier
 from satgate_mcp.daemon.sockets import Listener, ListenError, acquire_listeners, stop_listening
-from satgate_mcp.errors import ConfigError
+from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.keys import POOL
 from satgate_mcp.settings import Settings
@@ -158,7 +158,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         listeners = acquire_listeners(settings, environ, pid)
     except ListenError as exc:
         log.error("listen_failed", error=str(exc))
-        return ExitCode.FAILED
+        raise StartFailed(str(exc)) from None
     notifier = Notifier.from_environ(environ)
     stop, cut = asyncio.Event(), asyncio.Event()
 
@@ -174,6 +174,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     for signum in signums:
         loop.add_signal_handler(signum, on_signal, signum.name)
     runner: _GatewayRunner | None = None
+    failure: ConfigError | None = None
     try:
         tracker = ConnectionTracker(clock)
         app = create_app(settings)
@@ -183,7 +184,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         runner = _GatewayRunner(app)
         code = await _serve_until_stopped(runner, tracker, listeners, settings, stop, cut, notifier, clock)
     except ConfigError as exc:
-        log.error("startup_failed", error=str(exc))
+        failure = exc  # raised once cleanup is done: the CLI logs it and prints its one line
         code = ExitCode.CONFIG
     except Exception:
         log.exception("runner_failed")
@@ -200,6 +201,8 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         for signum in signums:
             loop.remove_signal_handler(signum)
     log.info("stopped", exit_code=int(code))
+    if failure is not None:
+        raise failure
     return code
 
 
@@ -214,7 +217,8 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def serve(settings: Settings) -> ExitCode:
     """Run the daemon until SIGTERM/SIGINT; not OK when something was cut or it could not start."""
-    with asyncio.Runner(loop_factory=event_loop_factory()) as loop:
-        code = loop.run(run(settings, environ=os.environ, pid=os.getpid()))
-    terminate_leftover_children(os.getpid())
-    return code
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as loop:
+            return loop.run(run(settings, environ=os.environ, pid=os.getpid()))
+    finally:
+        terminate_leftover_children(os.getpid())

@@ -39,7 +39,7 @@ from tests.deploy.harness import (
     tcp_states,
     token,
 )
-from tests.gateway_process import base_env
+from tests.gateway_process import base_env, stdio_upstreams
 
 #: Calls each loop must complete in each phase (before, across and after the handover).
 CALLS_PER_PHASE = 40
@@ -346,6 +346,32 @@ async def test_dockerfile_healthcheck_command_probes_healthz(gateways: Gateways)
     gateway.signal(signal.SIGTERM)
     await assert_clean_exit(gateway)
     assert await asyncio.to_thread(check) != 0
+
+
+def start_failure(env: dict[str, str]) -> tuple[int, list[str], list[dict[str, object]]]:
+    """A start that fails: its exit code, its stderr lines, and the JSON events it logged on stdout."""
+    result = subprocess.run([*SERVE], env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    logged = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return result.returncode, result.stderr.strip().splitlines(), logged
+
+
+def test_every_start_up_failure_is_one_stderr_line_and_one_event() -> None:
+    """Taken port (a retry may work: exit 1) and a clash found at start (fix the config: exit 2) look alike."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, stderr, logged = start_failure(gateway_env(port, SATGATE_REUSE_PORT="false"))
+    assert code == 1
+    assert len(stderr) == 1, stderr
+    assert "Address already in use" in stderr[0]
+    assert [e["event"] for e in logged if e["level"] == "error"] == ["listen_failed"]
+
+    spec = json.loads(stdio_upstreams("up"))["up"]
+    twice = json.dumps({"one": spec, "two": spec})  # every tool name clashes
+    code, stderr, logged = start_failure(gateway_env(free_port(), SATGATE_UPSTREAMS=twice))
+    assert code == 2
+    assert len(stderr) == 1, stderr
+    assert "tool_prefix" in stderr[0]
+    assert [e["event"] for e in logged if e["level"] == "error"] == ["config_error"]
 
 
 async def test_a_taken_port_without_reuse_port_fails_fast_with_one_line(gateways: Gateways, tmp_path: Path) -> None:
