@@ -20,7 +20,7 @@ from satgate_mcp.auth.base import StaticTokenAuthenticator
 from satgate_mcp.events import LogPublisher
 from satgate_mcp.logs import REDACTED, configure_logging, redact_secrets
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport.middleware import logs_request
+from satgate_mcp.transport.middleware import logs_request, metric_label
 from tests.fakes import AllowAllPolicy, FakePool
 
 SECRET = "s3cret-static-token"
@@ -151,3 +151,17 @@ async def test_access_log_health_false_drops_probe_lines_but_counts_them(aiohttp
     assert [e["path"] for e in logs if e["event"] == "http_request"] == ["/mcp"]
     metrics = await (await client.get("/metrics")).text()
     assert 'method="GET",status="200"' in metrics
+
+
+@pytest.mark.parametrize(
+    ("rpc_method", "http_method", "label"),
+    [
+        pytest.param("tools/call", "POST", "tools/call", id="known-rpc-method"),
+        pytest.param("x/made-up-1", "POST", "other", id="invented-rpc-method"),
+        pytest.param(None, "GET", "GET", id="plain-http"),
+        pytest.param(None, "FOO1", "other", id="invented-http-method"),
+    ],
+)
+def test_metric_labels_stay_a_bounded_set(rpc_method: str | None, http_method: str, label: str) -> None:
+    assert metric_label(rpc_method, http_method) == label
+

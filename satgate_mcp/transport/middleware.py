@@ -7,6 +7,7 @@ import time
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import Counter
 
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID, TOKEN_ID
 from satgate_mcp.metrics import Metrics
@@ -19,10 +20,20 @@ KNOWN_METHODS = frozenset({
     "satgate/budget", "satgate/delegate", "response",
 })
 
+#: HTTP methods we label with; any other is "other" (llhttp refuses unknown methods, the pure-Python parser not).
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE"})
+
 #: Probe paths ``SATGATE_ACCESS_LOG_HEALTH=false`` keeps out of the access log (their metric still counts).
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 
 log = structlog.get_logger("satgate_mcp.http")
+
+
+def metric_label(rpc_method: str | None, http_method: str) -> str:
+    """A bounded label: known JSON-RPC methods, then standard HTTP methods, else "other"."""
+    if rpc_method:
+        return rpc_method if rpc_method in KNOWN_METHODS else "other"
+    return http_method if http_method in HTTP_METHODS else "other"
 
 
 def logs_request(path: str, *, log_health: bool) -> bool:
@@ -31,6 +42,9 @@ def logs_request(path: str, *, log_health: bool) -> bool:
 
 
 def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
+    # labels() takes a lock and builds a key per call; the bounded label set makes a cache safe.
+    counters: dict[tuple[str, int], Counter] = {}
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
@@ -44,8 +58,11 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
             raise
         finally:
             rpc_method = request.get(RPC_METHOD)
-            label = rpc_method if rpc_method in KNOWN_METHODS else ("other" if rpc_method else request.method)
-            metrics.requests.labels(method=label, status=str(status)).inc()
+            key = (metric_label(rpc_method, request.method), status)
+            counter = counters.get(key)
+            if counter is None:
+                counter = counters[key] = metrics.requests.labels(method=key[0], status=str(status))
+            counter.inc()
             if logs_request(request.path, log_health=log_health):
                 log.info("http_request", method=request.method, path=request.path, status=status,
                          session_id=request.get(SESSION_ID), rpc_method=rpc_method, token_id=request.get(TOKEN_ID),
