@@ -82,6 +82,11 @@ async def _wait_ready(app: web.Application, stop: asyncio.Event, timeout: float,
     return True
 
 
+async def _grace_after(event: asyncio.Event, seconds: float) -> None:
+    await event.wait()
+    await asyncio.sleep(seconds)
+
+
 async def _setup_unless_cut(runner: web.AppRunner, cut: asyncio.Event) -> bool:
     """Run app startup (upstreams, sweeper) to the end, so its cleanup can stop what it started.
 
@@ -133,10 +138,13 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     conns = server.connections
     log.info("drain_started", connections=len(conns), in_flight=sum(tracker.busy(c) for c in conns),
              adopted=adopted)
-    # on_shutdown ends long-lived streams, before the wait, as aiohttp orders it; within the deadline.
-    try:
-        await asyncio.wait_for(runner.shutdown(), max(0.0, deadline - clock()))
-    except TimeoutError:
+    # on_shutdown ends long-lived streams, before the wait, as aiohttp orders it; within the deadline,
+    # and a forced stop gives the streams CUT_GRACE_SECONDS more to write their end, not the whole deadline.
+    shutdown = asyncio.ensure_future(runner.shutdown())
+    await first_of(asyncio.shield(shutdown), _grace_after(cut, CUT_GRACE_SECONDS),
+                   asyncio.sleep(max(0.0, deadline - clock())))
+    if not shutdown.done():
+        shutdown.cancel()
         log.warning("on_shutdown_timeout")
     report = await drain(server, tracker, deadline=deadline, cut=cut, clock=clock, adopted=adopted)
     fields = {"reason": report.reason, "drained": report.drained, "cut": report.cut,

@@ -43,6 +43,8 @@ class LegacySseTransport:
         # Auth, Host/Origin checks, sessions and calls are the same edge as /mcp: reuse it, do not restate it.
         self._edge = edge
         self._streams: dict[str, _Stream] = {}
+        self._none_open = asyncio.Event()
+        self._none_open.set()
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/sse", self.stream)
@@ -50,10 +52,14 @@ class LegacySseTransport:
         app.on_shutdown.append(self.end_streams)
 
     async def end_streams(self, app: web.Application) -> None:
-        """On SIGTERM: open streams would hold the drain until its deadline; end them so clients reconnect."""
+        """On SIGTERM: open streams would hold the drain until its deadline; end them so clients reconnect.
+
+        Waits until each has written its end (the runner bounds the wait), so the drain does not count them as cut.
+        """
         for state in self._streams.values():
             if not state.queue.full():  # replies already queued go out first
                 state.queue.put_nowait(None)
+        await self._none_open.wait()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         refusal = self._edge.check_host_origin(request)
@@ -69,6 +75,7 @@ class LegacySseTransport:
         request[SESSION_ID] = session.id
         state = _Stream(session)
         self._streams[session.id] = state
+        self._none_open.clear()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             await response.prepare(request)
@@ -81,12 +88,15 @@ class LegacySseTransport:
                     await response.write(b": keepalive\n\n")
                     continue
                 if item is None:
+                    await response.write_eof()
                     break
                 await response.write(sse_event(item))
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             self._streams.pop(session.id, None)
+            if not self._streams:
+                self._none_open.set()
             for task in state.tasks:
                 task.cancel()
             self._edge.close_session(session, CloseReason.DISCONNECTED)

@@ -86,6 +86,8 @@ class StreamHub:
         self._subscriptions = subscriptions
         self._tools_version = tools_version
         self._streams: dict[str, OpenStream] = {}
+        self._none_open = asyncio.Event()
+        self._none_open.set()
         self.closing = False
 
     def __len__(self) -> int:
@@ -102,11 +104,18 @@ class StreamHub:
                 return None
             existing.end()
         stream = self._streams[session.id] = OpenStream(session, alive=alive)
+        self._none_open.clear()
         return stream
 
     def release(self, stream: OpenStream) -> None:
         if self._streams.get(stream.session.id) is stream:
             del self._streams[stream.session.id]
+        if not self._streams:
+            self._none_open.set()
+
+    async def all_released(self) -> None:
+        """Until no stream is open: on shutdown, so the drain that follows finds them finished, not cut."""
+        await self._none_open.wait()
 
     def end(self, session_id: str) -> None:
         """The session ended: so does its stream."""
@@ -142,8 +151,13 @@ class StandaloneStream:
         self._hub = hub
 
     async def end_streams(self, app: web.Application) -> None:
-        """On shutdown: open streams would hold the drain until its deadline; end them so clients reconnect."""
+        """On shutdown: open streams would hold the drain until its deadline; end them so clients reconnect.
+
+        Waits until each has written its end: the runner bounds the wait, and a stream still writing
+        when the drain is cut would be counted as a cut call.
+        """
         self._hub.end_all()
+        await self._hub.all_released()
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         edge = self._edge
@@ -185,6 +199,7 @@ class StandaloneStream:
                     await response.write(b": keepalive\n\n")
                     continue
                 if item is None:
+                    await response.write_eof()
                     break
                 await response.write(sse_event_with_id(stream.next_id, item))
                 stream.next_id += 1

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_asyncio
@@ -19,7 +20,9 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport.stream import MAX_QUEUED, OpenStream
+from satgate_mcp.subscriptions import SubscriptionTable
+from satgate_mcp.transport.edge import Edge
+from satgate_mcp.transport.stream import MAX_QUEUED, OpenStream, StandaloneStream, StreamHub
 from satgate_mcp.upstream.base import ProgressCallback
 from tests.fakes import AllowAllPolicy, FakePool
 
@@ -190,3 +193,15 @@ async def test_no_stream_opens_once_the_drain_began(gw: Client) -> None:
     await app.shutdown()
     resp = await gw.get(session)
     assert (resp.status, resp.headers["Retry-After"]) == (503, "1")
+
+
+async def test_shutdown_waits_until_every_open_stream_has_ended() -> None:
+    """Regression: a stream still writing its end when a second SIGTERM cut the drain counted as a cut call."""
+    hub = StreamHub(SubscriptionTable(), lambda: 0)
+    stream = hub.open(Session("s", "h", Identity(token_id="t"), VERSION, 0.0, 0.0))
+    assert stream is not None
+    ending = asyncio.ensure_future(StandaloneStream(cast(Edge, None), hub).end_streams(web.Application()))
+    assert await stream.queue.get() is None  # told to end ...
+    assert not ending.done()  # ... and shutdown goes on only once it has
+    hub.release(stream)
+    await ending
