@@ -142,6 +142,10 @@ class Settings(BaseSettings):
     handover: bool = False
     drain_seconds: float = Field(default=25.0, ge=0)
     redis_url: str | None = None
+    #: Seconds one Redis command (or connect) may take before it counts as a store fault.
+    redis_timeout: float = Field(default=2.0, gt=0)
+    #: On a store fault, ``closed`` answers 503 + Retry-After (never a 401); ``open`` lets the check pass.
+    store_fail_mode: Literal["closed", "open"] = "closed"
     #: Folder of the embedded SQLite state when no Redis is set; unset: $STATE_DIRECTORY or ./satgate-state.
     state_dir: str | None = None
 

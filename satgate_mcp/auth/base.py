@@ -23,6 +23,8 @@ class AuthOutcome(StrEnum):
     INVALID = "invalid"
     EXPIRED = "expired"
     REVOKED = "revoked"
+    #: The token verified but the revocation store could not answer: a fault of ours, not the client's.
+    UNAVAILABLE = "unavailable"
 
 
 class TokenError(Exception):

@@ -42,5 +42,5 @@ def authenticator_from_settings(
                 raise ConfigError(str(exc)) from None
             if state is not None:
                 revocations = state.revocations_with(revocations)
-        return MacaroonAuthenticator(key, revocations, clock=clock)
+        return MacaroonAuthenticator(key, revocations, clock=clock, fail_open=settings.store_fail_mode == "open")
     raise ConfigError(f"unknown SATGATE_AUTH_MODE {settings.auth_mode!r}")  # pragma: no cover

@@ -45,7 +45,9 @@ class MacaroonAuthenticator:
         clock: Callable[[], float] = time.time,
         cache_seconds: float = 1.0,
         max_cached: int = 10_000,
+        fail_open: bool = False,
     ) -> None:
+        self._fail_open = fail_open
         self._root_key = root_key
         self.revocations = revocations
         self._clock = clock
@@ -82,9 +84,14 @@ class MacaroonAuthenticator:
             return AuthResult(entry.outcome, reason=entry.reason)
         try:
             revoked = await self._revoked_id(identity)
-        except Exception as exc:  # a store outage must refuse, not crash, and not let the token through
-            _log.warning("revocation_check_failed", token_id=identity.token_id, error=type(exc).__name__)
-            return AuthResult(AuthOutcome.INVALID, reason="revocation check unavailable")
+        except Exception as exc:  # a store outage must neither crash nor read as the client's fault
+            _log.warning("revocation_check_failed", token_id=identity.token_id, error=type(exc).__name__,
+                         fail_mode="open" if self._fail_open else "closed")
+            if is_expired(identity, now):  # refused whatever the store would say: no reason to ask a retry
+                return AuthResult(AuthOutcome.EXPIRED, identity, token, "token expired")
+            if not self._fail_open:
+                return AuthResult(AuthOutcome.UNAVAILABLE, identity, token, "revocation store unavailable")
+            revoked = None
         if revoked is not None:
             reason = "token revoked" if revoked == identity.token_id else "an ancestor token was revoked"
             return AuthResult(AuthOutcome.REVOKED, identity, token, reason)

@@ -209,10 +209,13 @@ class RedisRevocationStore:
         cache_seconds: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         max_cached: int = 10_000,
+        timeout: float = 2.0,
     ) -> None:
         import redis.asyncio as aioredis  # optional dependency: only needed when configured
 
-        self._redis: redis.asyncio.Redis = aioredis.from_url(url)
+        # A paused or unreachable Redis must fail the check within the timeout, never hang the request.
+        self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
+                                                             socket_connect_timeout=timeout)
         self._key = key
         self._cache_seconds = cache_seconds
         self._clock = clock
@@ -285,6 +288,9 @@ class RevocationSettings(Protocol):
     @property
     def redis_url(self) -> str | None: ...
 
+    @property
+    def redis_timeout(self) -> float: ...
+
 
 def revocation_store_configured(settings: RevocationSettings) -> bool:
     return bool(settings.revocation_file) or bool(settings.redis_url)
@@ -298,7 +304,7 @@ def revocation_store_from_settings(settings: RevocationSettings, **file_options:
             raise ValueError(f"SATGATE_REVOCATION_FILE={settings.revocation_file} is a directory, not a file")
         stores.append(FileRevocationStore(settings.revocation_file, **file_options))
     if settings.redis_url:
-        stores.append(RedisRevocationStore(settings.redis_url))
+        stores.append(RedisRevocationStore(settings.redis_url, timeout=settings.redis_timeout))
     if not stores:
         return MemoryRevocationStore()
     if len(stores) == 1:

@@ -176,7 +176,7 @@ class CallPolicy:
         if settings.redis_url:
             from satgate_mcp.policy.redis_stores import RedisStores
 
-            stores = RedisStores.from_url(settings.redis_url)
+            stores = RedisStores.from_url(settings.redis_url, timeout=settings.redis_timeout)
             parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
                      "duplicates": stores.duplicates, "on_close": [stores.aclose], **parts}
         elif state is not None:

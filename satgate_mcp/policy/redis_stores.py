@@ -227,8 +227,9 @@ class RedisStores:
                    RedisDuplicateStore(client, prefix=prefix, ttl=duplicate_ttl))
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX) -> RedisStores:
-        return cls.from_client(redis.Redis.from_url(url), prefix=prefix)
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 2.0) -> RedisStores:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return cls.from_client(client, prefix=prefix)
 
     async def aclose(self) -> None:
         await self.client.aclose()

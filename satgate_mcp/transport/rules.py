@@ -224,9 +224,19 @@ def bearer_challenge(resource_metadata_url: str | None, error: str | None = None
     return ", ".join(parts)
 
 
+#: Seconds a client is told to wait when a store fault refused its request (SATGATE_STORE_FAIL_MODE=closed).
+STORE_RETRY_AFTER_SECONDS = 1
+STORE_UNAVAILABLE = Refusal(503, "store_unavailable",
+                            "Service unavailable: the gateway's token store did not answer; retry shortly",
+                            code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
+                            extra={"retry_after_seconds": STORE_RETRY_AFTER_SECONDS})
+
+
 def auth_refusal(outcome: AuthOutcome, resource_metadata_url: str | None) -> Refusal:
     """The answer to a credential that did not pass. OAuth mode turns a revocation into a 401 challenge,
     so OAuth clients fetch a new token instead of giving up."""
+    if outcome is AuthOutcome.UNAVAILABLE:
+        return STORE_UNAVAILABLE
     if outcome is AuthOutcome.REVOKED and not resource_metadata_url:
         return Refusal(403, "token_revoked", "Forbidden: the token has been revoked", code=jsonrpc.SERVER_ERROR,
                        extra={"code": "TOKEN_REVOKED"})

@@ -170,12 +170,25 @@ async def test_revocation_written_to_the_file_is_seen_within_one_second(tmp_path
     assert store_clock() - written < 1.0
 
 
-async def test_store_failure_refuses_without_crashing() -> None:
-    class BrokenStore(MemoryRevocationStore):
-        async def is_revoked(self, token_id: str) -> bool:
-            raise ConnectionError("redis down")
+class BrokenStore(MemoryRevocationStore):
+    async def is_revoked(self, token_id: str) -> bool:
+        raise ConnectionError("redis down")
 
+
+async def test_a_store_fault_is_ours_not_the_clients_token_so_it_is_never_invalid() -> None:
     auth = MacaroonAuthenticator(KEY, BrokenStore(), clock=FakeClock())
     result = await auth.authenticate(bearer(mint()))
-    assert result.outcome is AuthOutcome.INVALID
-    assert result.reason == "revocation check unavailable"
+    assert result.outcome is AuthOutcome.UNAVAILABLE
+    assert result.reason == "revocation store unavailable"
+
+
+async def test_an_expired_token_is_refused_as_expired_even_while_the_store_is_down() -> None:
+    auth = MacaroonAuthenticator(KEY, BrokenStore(), clock=FakeClock(NOW + 10))
+    assert (await auth.authenticate(bearer(mint(ttl=1)))).outcome is AuthOutcome.EXPIRED
+
+
+async def test_fail_open_lets_a_verified_token_through_a_store_fault_but_never_a_forged_one() -> None:
+    auth = MacaroonAuthenticator(KEY, BrokenStore(), clock=FakeClock(), fail_open=True)
+    assert (await auth.authenticate(bearer(mint()))).ok
+    forged = mint_token("x" * 40, "tok-1")
+    assert (await auth.authenticate(bearer(forged))).outcome is AuthOutcome.INVALID

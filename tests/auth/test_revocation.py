@@ -296,7 +296,8 @@ async def test_store_from_settings(
     tmp_path: Path, revocation_file: str | None, redis_url: str | None, kind: type
 ) -> None:
     settings = SimpleNamespace(
-        revocation_file=tmp_path / revocation_file if revocation_file else None, redis_url=redis_url
+        revocation_file=tmp_path / revocation_file if revocation_file else None, redis_url=redis_url,
+        redis_timeout=2.0,
     )
     store = revocation_store_from_settings(settings)
     try:

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -738,3 +738,47 @@ def test_settings_refuse_to_start_with_one_line_naming_the_variable(
 def test_a_root_key_of_exactly_the_minimum_length_is_accepted() -> None:
     settings = Settings(auth_mode="header", root_key=SecretStr("k" * 32))
     assert isinstance(authenticator_from_settings(settings), MacaroonAuthenticator)
+
+
+@pytest.fixture
+async def silent_redis() -> AsyncIterator[str]:
+    """A Redis that accepts connections and never answers: a paused server, or one behind a dead link."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()  # until the client gives up
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_attack_a_paused_store_turns_no_valid_token_into_a_401(start: StartGateway, silent_redis: str) -> None:
+    """A store fault is the gateway's: 503 + Retry-After within SATGATE_REDIS_TIMEOUT, never a 401 that makes
+    OAuth clients throw their token away, never a hang."""
+    gw = await start(redis_url=silent_redis, redis_timeout=0.2)
+    answer = await asyncio.wait_for(gw.post(init_request(request_id=3), token=mint_token(KEY, "agent-1", now=NOW)),
+                                    timeout=5)
+    assert answer.status == 503, answer.text
+    assert answer.headers["Retry-After"] == "1"
+    assert "WWW-Authenticate" not in answer.headers
+    body = json.loads(answer.text)
+    assert (body["id"], body["error"]["data"]["error"]) == (3, "store_unavailable")
+    assert "Mcp-Session-Id" not in answer.headers
+    (failure,) = gw.recorded.named(events.AUTH_FAILURE)
+    assert (failure["outcome"], failure["token_id"]) == ("unavailable", "agent-1")
+
+
+async def test_fail_mode_open_serves_verified_tokens_through_a_store_fault(start: StartGateway, silent_redis: str
+                                                                            ) -> None:
+    gw = await start(redis_url=silent_redis, redis_timeout=0.2, store_fail_mode="open")
+    assert (await gw.post(init_request(), token=mint_token(KEY, "agent-1", now=NOW))).status == 200
+    forged = mint_token("f" * 40, "agent-1", now=NOW)
+    assert (await gw.post(init_request(), token=forged)).status == 401
