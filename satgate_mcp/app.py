@@ -116,7 +116,8 @@ def create_app(
     LegacySseTransport(edge).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
-        oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers)
+        oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
+                         scopes=settings.oauth_tool_scopes.values())
 
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_sweeper)

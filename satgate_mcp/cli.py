@@ -53,7 +53,7 @@ class TokenSettings(BaseSettings):
     root_key: SecretStr | None = None
     revocation_file: Path | None = None
     redis_url: str | None = None
-    redis_timeout: float = 2.0
+    redis_timeout: float = 0.5
     state_dir: str | None = None
 
     @field_validator("root_key", "revocation_file", "redis_url", "state_dir", mode="before")

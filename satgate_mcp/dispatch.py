@@ -391,6 +391,13 @@ class Dispatcher:
                                     method="tools/call", kind="tool", name=name[:200])
             raise ToolNotAllowed(f"Tool {name!r} is not allowed for this token",
                                  {"error": "tool_not_allowed", "tool": name})
+        scope = identity.missing_scope(name)
+        if scope is not None:  # a single call over HTTP got a 403 challenge before this; a batch gets this
+            self._metrics.refusals.labels(reason="insufficient_scope").inc()
+            self._publisher.publish(events.NOT_ALLOWED, token_id=identity.token_id, session_id=session_id,
+                                    method="tools/call", kind="scope", name=name[:200], scope=scope)
+            raise ToolNotAllowed(f"Tool {name!r} needs the scope {scope!r}, which this token was not granted",
+                                 {"error": "insufficient_scope", "tool": name, "scope": scope})
         upstream = self._pool.owner_of_tool(name)
         if upstream is None:
             raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})

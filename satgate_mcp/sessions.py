@@ -228,7 +228,7 @@ class SessionRegistry:
         session = Session(sid, token_hash(token), identity, protocol_version, now, now)
         self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=sid, token_id=identity.token_id,
-                                protocol_version=protocol_version, resumed=False)
+                                protocol_version=protocol_version, resumed=False, **_client_of(identity))
         return session
 
     def log_levels(self) -> list[str]:
@@ -277,7 +277,7 @@ class SessionRegistry:
         session = Session(session_id, token_hash(token), identity, protocol_version, now, now, resumed=True)
         self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=session_id, token_id=identity.token_id,
-                                protocol_version=protocol_version, resumed=True)
+                                protocol_version=protocol_version, resumed=True, **_client_of(identity))
         return Resumed(session, created=True)
 
     def delete(self, session_id: str) -> bool:
@@ -395,3 +395,8 @@ class SessionRegistry:
                                     token_id=session.identity.token_id, reason=str(reason))
             for listener in self.on_close:
                 listener(session, reason)
+
+
+def _client_of(identity: Identity) -> dict[str, str]:
+    """OAuth: which client the token was issued to, recorded beside the token id."""
+    return {"client_id": identity.client_id} if identity.client_id else {}

@@ -12,10 +12,12 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
 
 ENV_PREFIX = "SATGATE_"
@@ -101,7 +103,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=9100, ge=0, le=65535)
 
-    auth_mode: Literal["none", "config", "header"] = "none"
+    auth_mode: Literal["none", "config", "header", "oauth"] = "none"
     root_key: SecretStr | None = None
     static_token: SecretStr | None = None
 
@@ -127,6 +129,15 @@ class Settings(BaseSettings):
     allow_unauthenticated: bool = False
     oauth_resource_metadata_url: str | None = None
     oauth_authorization_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: ``oauth`` mode: whose tokens are accepted (``iss``, exact), where its keys are (else discovered).
+    oauth_issuer: str | None = None
+    oauth_jwks_url: str | None = None
+    #: ``oauth`` mode: this resource (the public URL of ``/mcp``, RFC 8707), or several, comma separated.
+    oauth_audience: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Tool name, ``prefix*`` or ``*`` -> the scope it requires; a tool no pattern matches needs none.
+    oauth_tool_scopes: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    oauth_id_claim: str = "sub"
+    oauth_budget_claim: str | None = None
 
     rate_limit: str | None = None
     rate_burst: int | None = Field(default=None, ge=1)
@@ -143,7 +154,7 @@ class Settings(BaseSettings):
     drain_seconds: float = Field(default=25.0, ge=0)
     redis_url: str | None = None
     #: Seconds one Redis command (or connect) may take before it counts as a store fault.
-    redis_timeout: float = Field(default=2.0, gt=0)
+    redis_timeout: float = Field(default=0.5, gt=0)
     #: On a store fault, ``closed`` answers 503 + Retry-After (never a 401); ``open`` lets the check pass.
     store_fail_mode: Literal["closed", "open"] = "closed"
     #: Folder of the embedded SQLite state when no Redis is set; unset: $STATE_DIRECTORY or ./satgate-state.
@@ -153,12 +164,13 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     access_log_health: bool = True
 
-    @field_validator("allowed_origins", "allowed_hosts", "oauth_authorization_servers", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", "oauth_authorization_servers", "oauth_audience",
+                     mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         return _split_commas(value)
 
-    @field_validator("upstreams", "tool_costs", "budgets", "tool_rate_limits", mode="before")
+    @field_validator("upstreams", "tool_costs", "budgets", "tool_rate_limits", "oauth_tool_scopes", mode="before")
     @classmethod
     def _json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -213,13 +225,43 @@ class Settings(BaseSettings):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return level
 
-    @field_validator("oauth_resource_metadata_url")
+    @field_validator("oauth_resource_metadata_url", "oauth_issuer", "oauth_jwks_url")
     @classmethod
-    def _https_url(cls, value: str | None) -> str | None:
+    def _secure_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        if not re.fullmatch(r"https://[^\s/?#]+(/[^\s#]*)?", value.strip()):
-            raise ValueError("must be an absolute https:// URL")
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s#?]*)?", value.strip()):
+            raise ValueError("must be an absolute https:// URL without query or fragment")
+        problem = secure_url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value.strip()
+
+    @field_validator("oauth_audience")
+    @classmethod
+    def _audiences(cls, value: list[str]) -> list[str]:
+        for audience in value:
+            if any(c.isspace() or not c.isprintable() for c in audience):
+                raise ValueError(f"audience {audience[:100]!r} has whitespace or control characters")
+        return value
+
+    @field_validator("oauth_tool_scopes")
+    @classmethod
+    def _tool_scopes(cls, value: dict[str, Any]) -> dict[str, str]:
+        for pattern, scope in value.items():
+            check_pattern(pattern, PatternKind.TOOL)
+            # RFC 6749 scope-token: printable ASCII except space, '"' and '\\'; the challenge quotes it.
+            if not isinstance(scope, str) or not re.fullmatch(r"[\x21\x23-\x5b\x5d-\x7e]+", scope):
+                raise ValueError(f"{pattern!r}: the scope must be one RFC 6749 scope token, got {scope!r}")
+        return value
+
+    @field_validator("oauth_id_claim", "oauth_budget_claim")
+    @classmethod
+    def _claim_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,100}", value.strip()):
+            raise ValueError("must be a claim name (letters, digits, '_.:/-')")
         return value.strip()
 
     @model_validator(mode="after")
@@ -232,11 +274,42 @@ class Settings(BaseSettings):
                 raise ValueError(f"SATGATE_ROOT_KEY must be at least {MIN_ROOT_KEY_LENGTH} characters")
         if self.auth_mode == "config" and not (self.static_token and self.static_token.get_secret_value()):
             raise ValueError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
+        if self.auth_mode == "oauth":
+            self._oauth_requirements()
         return self
+
+    def _oauth_requirements(self) -> None:
+        """The issuer and the audience are required; the metadata URL and the servers follow from them."""
+        if not self.oauth_issuer:
+            raise ValueError("SATGATE_OAUTH_ISSUER is required when SATGATE_AUTH_MODE=oauth")
+        if not self.oauth_audience:
+            raise ValueError("SATGATE_OAUTH_AUDIENCE is required when SATGATE_AUTH_MODE=oauth "
+                             "(the public URL of /mcp, e.g. https://gateway.example.com/mcp)")
+        if not self.oauth_authorization_servers:
+            self.oauth_authorization_servers = [self.oauth_issuer]
+        if not self.oauth_resource_metadata_url:
+            derived = resource_metadata_url_for(self.oauth_audience)
+            if derived is None:
+                raise ValueError("SATGATE_OAUTH_RESOURCE_METADATA_URL is required when no SATGATE_OAUTH_AUDIENCE "
+                                 "is an https:// URL (or http:// on loopback) to derive it from")
+            self.oauth_resource_metadata_url = derived
 
     @property
     def rate_per_second(self) -> float | None:
         return parse_rate(self.rate_limit) if self.rate_limit else None
+
+
+#: RFC 9728's well-known path for protected resource metadata.
+RESOURCE_METADATA_WELL_KNOWN = "/.well-known/oauth-protected-resource"
+
+
+def resource_metadata_url_for(audiences: Iterable[str]) -> str | None:
+    """RFC 9728 section 3.1: the well-known segment goes between the resource's origin and its path."""
+    for audience in audiences:
+        if secure_url_problem(audience) is None:
+            parts = urlsplit(audience)
+            return f"{parts.scheme}://{parts.netloc}{RESOURCE_METADATA_WELL_KNOWN}{parts.path.rstrip('/')}"
+    return None
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from satgate_mcp.patterns import allowed_by
+from satgate_mcp.patterns import allowed_by, most_specific
 
 ANONYMOUS = "anonymous"
 
@@ -69,6 +70,12 @@ class Identity:
     resource_filters: tuple[tuple[str, ...], ...] = ()
     #: Each inner tuple is one ``prompts`` caveat (names and ``prefix*``); a name must match every one.
     prompt_filters: tuple[tuple[str, ...], ...] = ()
+    #: OAuth only: the scopes the access token grants (None: scopes do not apply to this credential).
+    scopes: frozenset[str] | None = None
+    #: OAuth only: tool pattern -> the scope it requires (``SATGATE_OAUTH_TOOL_SCOPES``).
+    tool_scopes: Mapping[str, str] | None = field(default=None, compare=False)
+    #: OAuth only: the client the token was issued to (``azp`` or ``client_id``), for the record.
+    client_id: str | None = None
 
     @property
     def family_id(self) -> str:
@@ -84,6 +91,13 @@ class Identity:
     def allows_tool(self, name: str) -> bool:
         return allowed_by(self.tool_filters, name)
 
+    def missing_scope(self, tool: str) -> str | None:
+        """The scope this tool needs and the token lacks; None when it may be called."""
+        if self.scopes is None or not self.tool_scopes:
+            return None
+        scope = required_scope(self.tool_scopes, tool)
+        return scope if scope is not None and scope not in self.scopes else None
+
     def allows_resource(self, uri: str) -> bool:
         return allowed_by(self.resource_filters, uri)
 
@@ -92,6 +106,12 @@ class Identity:
 
 
 ANONYMOUS_IDENTITY = Identity(token_id=ANONYMOUS)
+
+
+def required_scope(tool_scopes: Mapping[str, str], tool: str) -> str | None:
+    """The scope a tool needs: the most specific pattern's (exact name, longest prefix, ``*``); None: none."""
+    pattern = most_specific(tool_scopes.keys(), tool)
+    return tool_scopes[pattern] if pattern is not None else None
 
 
 @dataclass(frozen=True, slots=True)

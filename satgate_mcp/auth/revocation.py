@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 #: A token id survives the one-id-per-line file format: no whitespace, no ``#``, bounded length.
-TOKEN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/=-]{0,127}")
+TOKEN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/=|-]{0,127}")
 
 DEFAULT_CHECK_INTERVAL = 0.25
 DEFAULT_REDIS_KEY = "satgate:revoked"
@@ -44,7 +44,7 @@ def check_token_id(token_id: str) -> str:
     """The id unchanged, or ValueError: a newline in an id would forge extra revocation lines."""
     if not is_valid_token_id(token_id):
         raise ValueError(
-            f"invalid token id {token_id!r}: use 1-128 of letters, digits and . _ : @ + / = - "
+            f"invalid token id {token_id!r}: use 1-128 of letters, digits and . _ : @ + / = | - "
             "(starting with a letter or digit)"
         )
     return token_id
@@ -209,7 +209,7 @@ class RedisRevocationStore:
         cache_seconds: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         max_cached: int = 10_000,
-        timeout: float = 2.0,
+        timeout: float = 0.5,
     ) -> None:
         import redis.asyncio as aioredis  # optional dependency: only needed when configured
 

@@ -27,6 +27,7 @@ from typing import Literal
 import structlog
 from aiohttp import web
 
+from satgate_mcp.addresses import is_loopback_host
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import Settings
 
@@ -75,23 +76,6 @@ class BindAddress:
     family: socket.AddressFamily | None  # None: a name to resolve
     host: str
     dual_stack: bool = False
-
-
-def is_loopback_host(host: str) -> bool:
-    """``127.0.0.0/8``, ``::1`` (also IPv4-mapped) or ``localhost``: reachable from this machine only.
-
-    Any other name counts as public: what it resolves to is not this check's to trust.
-    """
-    text = host.strip().removeprefix("[").removesuffix("]").split("%", 1)[0].rstrip(".").lower()
-    if text == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
 
 
 def unauthenticated_exposure(auth_mode: str, allow_unauthenticated: bool, hosts: Iterable[str]) -> str | None:

@@ -227,7 +227,7 @@ class RedisStores:
                    RedisDuplicateStore(client, prefix=prefix, ttl=duplicate_ttl))
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 2.0) -> RedisStores:
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 0.5) -> RedisStores:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         return cls.from_client(client, prefix=prefix)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -109,8 +109,17 @@ class Edge:
 
     @property
     def resumes_sessions(self) -> bool:
-        """Only header mode verifies a token by itself, so only it may serve an id this process never made."""
-        return self._auth.mode == "header"
+        """Only header and OAuth modes verify a token by themselves, so only they may serve an id this process
+        never made (a static token is one shared secret: it says nothing about whose session it is)."""
+        return self._auth.mode in ("header", "oauth")
+
+    def scope_refusal(self, principal: Principal, requests: Sequence[jsonrpc.Request]) -> Refusal | None:
+        refusal = rules.scope_refusal(principal.identity, requests, self._settings.oauth_resource_metadata_url)
+        if refusal is not None:
+            self._metrics.refusals.labels(reason="insufficient_scope").inc()
+            self._publisher.publish(events.NOT_ALLOWED, token_id=principal.identity.token_id, method="tools/call",
+                                    kind="scope", scope=refusal.extra.get("scope"))
+        return refusal
 
     def initialize_result(self, protocol_version: str) -> JsonObj:
         return self._dispatcher.initialize_result(protocol_version)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.auth.base import AuthOutcome
+from satgate_mcp.auth.base import AuthOutcome, Identity
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy, is_valid_session_id_syntax
 
@@ -215,10 +215,12 @@ def check_batch(is_batch: bool, protocol_version: str) -> Refusal | None:
     return BATCH_NOT_ALLOWED if is_batch and protocol_version != "2025-03-26" else None
 
 
-def bearer_challenge(resource_metadata_url: str | None, error: str | None = None) -> str:
+def bearer_challenge(resource_metadata_url: str | None, error: str | None = None, scope: str | None = None) -> str:
     parts = ['Bearer realm="satgate-mcp"']
     if error:
         parts.append(f'error="{error}"')
+    if scope:
+        parts.append(f'scope="{scope}"')
     if resource_metadata_url:
         parts.append(f'resource_metadata="{resource_metadata_url}"')
     return ", ".join(parts)
@@ -253,6 +255,26 @@ def auth_refusal(outcome: AuthOutcome, resource_metadata_url: str | None) -> Ref
     return Refusal(401, error, messages.get(outcome, "Unauthorized"), code=jsonrpc.SERVER_ERROR,
                    headers={"WWW-Authenticate": bearer_challenge(resource_metadata_url, challenge_error)},
                    extra=extra)
+
+
+def insufficient_scope(required: str, granted: frozenset[str], resource_metadata_url: str | None) -> Refusal:
+    """RFC 6750 section 3.1 step-up: 403 naming the scopes to ask for (those held plus the one missing),
+    so the client's new authorization does not drop what the token already had."""
+    wanted = " ".join(sorted(granted | {required}))
+    return Refusal(403, "insufficient_scope", f"Forbidden: this call needs the scope {required!r}",
+                   code=jsonrpc.TOOL_NOT_ALLOWED,
+                   headers={"WWW-Authenticate": bearer_challenge(resource_metadata_url, "insufficient_scope", wanted)},
+                   extra={"scope": required})
+
+
+def scope_refusal(identity: Identity, requests: Sequence[jsonrpc.Request],
+                  resource_metadata_url: str | None) -> Refusal | None:
+    """A single ``tools/call`` whose tool needs a scope the token lacks: the HTTP challenge, before it runs."""
+    if len(requests) != 1 or requests[0].method != "tools/call" or identity.scopes is None:
+        return None
+    name = (requests[0].params or {}).get("name")
+    scope = identity.missing_scope(name) if isinstance(name, str) else None
+    return insufficient_scope(scope, identity.scopes, resource_metadata_url) if scope is not None else None
 
 
 def token_mismatch(resource_metadata_url: str | None) -> Refusal:

@@ -178,7 +178,8 @@ class StreamableHttpTransport:
         session = edge.session(request, principal, session_id, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session, post.first_id)
-        refusal = rules.check_batch(post.is_batch, session.protocol_version)
+        refusal = (rules.check_batch(post.is_batch, session.protocol_version)
+                   or edge.scope_refusal(principal, post.requests))
         if refusal:
             return refusal_answer(refusal, post.first_id)
         # run

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from satgate_mcp.addresses import is_loopback_host
 from satgate_mcp.daemon import sockets
 from satgate_mcp.daemon.sockets import (
     BindAddress,
@@ -17,7 +18,6 @@ from satgate_mcp.daemon.sockets import (
     bind_action,
     bind_address,
     bind_socket,
-    is_loopback_host,
     someone_listens,
     systemd_fds,
     unauthenticated_exposure,

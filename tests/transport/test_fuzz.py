@@ -159,7 +159,10 @@ async def test_any_credential_gets_an_outcome_at_a_bounded_cost(header: str | No
         result = await authenticator.authenticate(header)
         assert time.process_time() - started < AUTH_CPU_BOUND, (authenticator.mode, header)
         assert isinstance(result.outcome, AuthOutcome)
-        assert result.ok == (result.identity is not None)
+        if result.ok:
+            assert result.identity is not None
+        elif result.identity is not None:  # only a credential that verified names its holder (revoked, expired)
+            assert result.outcome in {AuthOutcome.REVOKED, AuthOutcome.EXPIRED, AuthOutcome.UNAVAILABLE}
 
 
 header_values = st.binary(max_size=120).map(lambda raw: raw.replace(b"\r", b"").replace(b"\n", b""))
