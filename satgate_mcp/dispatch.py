@@ -274,6 +274,23 @@ class Dispatcher:
             result["instructions"] = instructions
         return result
 
+    @property
+    def server_info(self) -> JsonObj:
+        return {"name": SERVER_NAME, "version": __version__}
+
+    def discover_result(self, supported_versions: list[str]) -> JsonObj:
+        """``server/discover`` (2026-07-28): what ``initialize`` says, without a session."""
+        result: JsonObj = {"supportedVersions": supported_versions, "capabilities": self._pool.capabilities(),
+                           "serverInfo": self.server_info}
+        instructions = merged_instructions(self._pool.instructions())
+        if instructions is not None:
+            result["instructions"] = instructions
+        return result
+
+    def tool_schema(self, name: str) -> object:
+        """The merged ``inputSchema`` of a tool, or None when there is no such tool."""
+        return next((t.get("inputSchema") for t in self._pool.tools() if t.get("name") == name), None)
+
     async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
                      on_progress: ProgressCallback | None = None) -> JsonObj:
         """The reply message for one request, always with the client's id; never raises GatewayError."""

@@ -124,6 +124,21 @@ class Edge:
     def initialize_result(self, protocol_version: str) -> JsonObj:
         return self._dispatcher.initialize_result(protocol_version)
 
+    def discover_result(self, supported_versions: list[str]) -> JsonObj:
+        return self._dispatcher.discover_result(supported_versions)
+
+    def tool_schema(self, name: str) -> object:
+        return self._dispatcher.tool_schema(name)
+
+    @property
+    def server_info(self) -> JsonObj:
+        return self._dispatcher.server_info
+
+    @property
+    def cache_scope(self) -> str:
+        """What a modern client may share a cached answer with: nobody once tokens decide what is seen."""
+        return "public" if self._auth.mode == "none" else "private"
+
     # --- checks and body ------------------------------------------------------------------------
 
     def check_host_origin(self, request: web.Request) -> Refusal | None:
@@ -351,7 +366,9 @@ class Edge:
         return task.result()
 
     async def _dispatch(self, caller: Caller, request: jsonrpc.Request, on_progress: OnProgress | None) -> JsonObj:
-        """The one call into the dispatcher (its signature is the router's to change)."""
-        session_id = caller.id if isinstance(caller, Session) else ""
+        """The one call into the dispatcher (its signature is the router's to change).
+
+        Without a session (2026-07-28) the duplicate guard keys by token id + request id + params."""
+        session_id = caller.id if isinstance(caller, Session) else f"token:{caller.identity.token_id}"
         return await self._dispatcher.handle(request, identity=caller.identity, session_id=session_id,
                                        on_progress=on_progress)

@@ -8,8 +8,7 @@ refusal is the answer. Sessions are found, or rebuilt from the verified token (r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
+from functools import partial
 
 from aiohttp import web
 
@@ -17,93 +16,19 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import Session
-from satgate_mcp.transport import rules
-from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer, sse_event
-from satgate_mcp.transport.relay import CallRelay
+from satgate_mcp.transport import modern_rules, rules
+from satgate_mcp.transport.callstream import CallStream
+from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer
+from satgate_mcp.transport.modern import ModernTransport
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
 from satgate_mcp.transport.stream import StandaloneStream
 
 #: A call that streams nothing for this long gets a comment, so proxies and clients keep the stream open.
 KEEPALIVE_SECONDS = 15.0
+#: Revisions a request without per-request ``_meta`` may name in its header: the session-based ones.
+LEGACY_VERSIONS = (*rules.STREAMABLE_VERSIONS, "2024-11-05")
 #: Revisions whose streams open with a priming event and carry an id on every event.
 EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
-               "X-Accel-Buffering": "no"}
-
-
-class CallStream:
-    """The answer to one call: JSON unless something must reach the client first, then SSE from that moment.
-
-    The stream is prepared only by an event the upstream sent (so after every check that can refuse
-    the call), or by a keep-alive once the call is admitted: a refused call keeps its own answer.
-    """
-
-    def __init__(self, request: web.Request, edge: Edge, session: Session, call: jsonrpc.Request,
-                 headers: dict[str, str]) -> None:
-        self._request = request
-        self._edge = edge
-        self._session = session
-        self._call = call
-        self._headers = headers
-        self._event_ids = session.protocol_version in EVENT_ID_VERSIONS
-        self._stream_id = secrets.token_hex(8)
-        self._events = 0
-        self._response: web.StreamResponse | None = None
-        self._lock = asyncio.Lock()
-        self.gone = False
-
-    def _frame(self, message: JsonObj | None) -> bytes:
-        """One event; on 2025-11-25 with an id (the priming event has no data)."""
-        body = sse_event(message) if message is not None else b"data: \n\n"
-        if not self._event_ids:
-            return body
-        self._events += 1
-        return f"id: {self._stream_id}-{self._events}\n".encode() + body
-
-    async def _open(self) -> web.StreamResponse:
-        if self._response is None:
-            response = web.StreamResponse(headers={**self._headers, **SSE_HEADERS})
-            await response.prepare(self._request)
-            self._response = response
-            if self._event_ids:
-                await response.write(self._frame(None))
-            for note in self._edge.owed(self._session, self._call):
-                await response.write(self._frame(note))
-        return self._response
-
-    async def emit(self, message: JsonObj) -> bool:
-        """Write one message; False (and nothing more is tried) once the client is gone."""
-        async with self._lock:
-            if self.gone:
-                return False
-            try:
-                await (await self._open()).write(self._frame(message))
-            except (ConnectionError, RuntimeError):
-                self.gone = True
-                return False
-            return True
-
-    async def keep_alive(self, relay: CallRelay, every: float) -> None:
-        await relay.admitted.wait()
-        while not self.gone:
-            await asyncio.sleep(every)
-            async with self._lock:
-                try:
-                    await (await self._open()).write(b": keepalive\n\n")
-                except (ConnectionError, RuntimeError):
-                    self.gone = True
-
-    async def finish(self, reply: JsonObj) -> web.StreamResponse:
-        """The answer: plain JSON when nothing was streamed and nothing is owed, else the stream's last event."""
-        async with self._lock:
-            if self._response is None and not self._edge.owes(self._session, self._call):
-                return json_answer(reply, headers=self._headers)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                response = await self._open()
-                await response.write(self._frame(reply))
-                await response.write_eof()
-            assert self._response is not None
-            return self._response
 
 
 class StreamableHttpTransport:
@@ -112,6 +37,7 @@ class StreamableHttpTransport:
         self._edge = edge
         self._standalone = standalone
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
+        self._modern = ModernTransport(edge, keepalive_seconds=self._keepalive)
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
@@ -159,6 +85,12 @@ class StreamableHttpTransport:
         if isinstance(post, Rejected):
             return rejected_answer(post)
         request[RPC_METHOD] = post.method
+        if not post.is_batch and modern_rules.is_modern(
+                post.messages[0], request.headers.get(VERSION_HEADER), LEGACY_VERSIONS,
+                has_session=SESSION_HEADER in request.headers):
+            message = post.messages[0]
+            assert not isinstance(message, jsonrpc.Response)
+            return await self._modern.post(request, message)
         if post.initialize is not None:
             return await self._initialize(request, post.initialize)
         session_id = request.headers.get(SESSION_HEADER)
@@ -223,9 +155,11 @@ class StreamableHttpTransport:
     async def _stream(self, request: web.Request, session: Session, call: jsonrpc.Request,
                       headers: dict[str, str]) -> web.StreamResponse:
         """What the upstream says during the call, then its answer: one stream, prepared only once admitted."""
-        stream = CallStream(request, self._edge, session, call, headers)
+        edge = self._edge
+        stream = CallStream(request, headers, event_ids=session.protocol_version in EVENT_ID_VERSIONS,
+                            owed=partial(edge.owed, session, call), owes=partial(edge.owes, session, call))
         relay = self._edge.relay(session, stream.emit, streaming=True)
-        keeper = asyncio.ensure_future(stream.keep_alive(relay, self._keepalive))
+        keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive))
         try:
             reply = await self._edge.run(session, call, relay)
         finally:

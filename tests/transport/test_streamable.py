@@ -496,10 +496,13 @@ async def test_an_unknown_method_is_a_json_rpc_error_and_the_connection_stays(gw
     assert (await gw.rpc(session, request(12, "ping")))["result"] == {}
 
 
-async def test_a_2026_discover_probe_without_a_session_gets_a_json_rpc_error(gw: Gateway) -> None:
-    """The Python SDK client falls back to initialize on an error body; it gives up on a dropped connection."""
+async def test_a_2026_probe_without_its_meta_is_told_what_is_missing_and_initialize_still_works(
+        gw: Gateway) -> None:
+    """A header naming 2026-07-28 without a session is a modern request: a JSON-RPC error naming the missing
+    ``_meta`` field (never a request for a session it will never have), and 2025 clients are unaffected."""
     resp = await gw.post(request(1, "server/discover"), headers={"MCP-Protocol-Version": "2026-07-28"})
-    await assert_refusal(resp, 400, "missing_session_id", 1)
+    await assert_refusal(resp, 400, "missing_meta", 1)
+    assert (await resp.json())["error"]["code"] == jsonrpc.INVALID_PARAMS
     assert (await gw.post(init_request())).status == 200
 
 

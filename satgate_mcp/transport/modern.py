@@ -1,0 +1,124 @@
+"""2026-07-28 on the same ``/mcp``: stateless requests, each carrying its version and capabilities.
+
+The third user of the shared edge: the same Host/Origin checks, body limit, principal, in-flight
+bounds, limits, budgets and duplicate guard as a session, but no session is looked up or minted (an
+``Mcp-Session-Id`` a modern request carries is ignored). The ladder: the revision's own rules
+(``modern_rules``), the principal, the scopes, then the call; the answer is JSON, or an SSE stream
+scoped to this one request (its progress, and log messages when its ``_meta`` asks for a level).
+Closing that stream cancels the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.keys import RPC_METHOD
+from satgate_mcp.transport import modern_rules, rules
+from satgate_mcp.transport.callstream import CallStream
+from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer
+from satgate_mcp.transport.modern_rules import META_LOG_LEVEL, meta_of
+from satgate_mcp.transport.relay import CallRelay, log_message_passes
+from satgate_mcp.transport.rules import Refusal
+
+#: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
+DISCONNECT_POLL_SECONDS = 0.25
+KEEPALIVE_SECONDS = 15.0
+
+
+class ModernTransport:
+    def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> None:
+        self._edge = edge
+        self._keepalive = keepalive_seconds
+
+    async def post(self, request: web.Request, message: jsonrpc.Request | jsonrpc.Notification) -> web.StreamResponse:
+        request_id = message.id if isinstance(message, jsonrpc.Request) else None
+        refusal = modern_rules.modern_refusal(message, request.headers)
+        if refusal:
+            return refusal_answer(refusal, request_id)
+        edge = self._edge
+        principal = await edge.principal(request)
+        if isinstance(principal, Refusal):
+            return refusal_answer(principal, request_id)
+        if not isinstance(message, jsonrpc.Request):
+            return web.Response(status=202)  # no client notification is defined on HTTP: accepted, ignored
+        request[RPC_METHOD] = message.method
+        refusal = edge.scope_refusal(principal, [message]) or self._param_headers(request, message)
+        if refusal:
+            return refusal_answer(refusal, message.id)
+        if message.method == "server/discover":
+            return json_answer(jsonrpc.result_response(message.id, self._complete(
+                message.method, edge.discover_result(list(modern_rules.ADVERTISED_VERSIONS)))))
+        if message.method == "subscriptions/listen":
+            return refusal_answer(modern_rules.method_not_found(message.method), message.id)
+        call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
+        return await self._run(request, principal, call, meta_of(message.params) or {})
+
+    def _param_headers(self, request: web.Request, message: jsonrpc.Request) -> Refusal | None:
+        if message.method != "tools/call":
+            return None
+        params = message.params or {}
+        name = params.get("name")
+        schema = self._edge.tool_schema(name) if isinstance(name, str) else None
+        return modern_rules.param_header_refusal(schema, params.get("arguments"), request.headers)
+
+    def _complete(self, method: str, result: JsonObj) -> JsonObj:
+        return modern_rules.complete_result(method, result, cache_scope=self._edge.cache_scope,
+                                            server_info=self._edge.server_info)
+
+    def _shaped(self, method: str, reply: JsonObj) -> tuple[JsonObj, int]:
+        """The reply in the revision's shape, and its HTTP status (an unknown method is 404)."""
+        result = reply.get("result")
+        if isinstance(result, dict):
+            return {**reply, "result": self._complete(method, result)}, 200
+        error = reply.get("error")
+        if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
+            return reply, 404
+        return reply, 200
+
+    async def _run(self, request: web.Request, principal: Principal, call: jsonrpc.Request,
+                   meta: dict[str, object]) -> web.StreamResponse:
+        level = meta.get(META_LOG_LEVEL)
+        wanted = level if isinstance(level, str) else None
+        streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
+        stream = CallStream(request, {}, event_ids=False)
+
+        async def emit(message: JsonObj) -> bool:
+            # Log messages only when this request asked for a level; progress always (it asked by its token).
+            if message.get("method") == "notifications/message" and (
+                    wanted is None or not log_message_passes(message.get("params"), wanted)):
+                return True
+            return await stream.emit(message) if streams else False
+
+        # No server-to-client requests in this revision: with no declared capability every ask is refused.
+        relay = CallRelay(session_key=f"stateless:{principal.identity.token_id}", emit=emit, asks=self._edge.asks,
+                          streaming=streams, capabilities=dict, log_level=lambda: wanted)
+        keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive)) if streams else None
+        work = asyncio.ensure_future(self._edge.run(principal, call, relay))
+        watcher = asyncio.ensure_future(_hung_up(request))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if keeper is not None:
+                keeper.cancel()
+            relay.close()
+        if not work.done():  # the client closed its stream: that is the cancellation, and nothing more is sent
+            work.cancel()
+            return web.Response(status=499)
+        reply, status = self._shaped(call.method, work.result())
+        if not streams or status != 200:
+            return json_answer(reply, status)
+        return await stream.finish(reply)
+
+
+async def _hung_up(request: web.Request) -> None:
+    """Returns once the client's connection is closed. aiohttp signals that only by cancelling handlers
+    (which would also cancel 2025 calls on a disconnect, against that revision) or to a reader of the body
+    (read already): so its transport is looked at, every ``DISCONNECT_POLL_SECONDS``."""
+    while (transport := request.transport) is not None and not transport.is_closing():  # noqa: ASYNC110
+        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+
