@@ -33,7 +33,9 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.state import open_state
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
+from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
+from satgate_mcp.transport.modern import ModernTransport
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.streamable import StreamableHttpTransport
@@ -101,9 +103,10 @@ def create_app(
 
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
+    listeners = Listeners()
     listen = getattr(pool, "listen", None)
     if listen is not None:
-        listen(hub.notice)
+        listen(fan_out(hub.notice, listeners.notice))
 
     def session_ended(session: Session, reason: CloseReason) -> None:
         hub.end(session.id)
@@ -112,7 +115,13 @@ def create_app(
     registry.on_close.append(session_ended)
     owned.append(subscriptions.aclose)
 
-    StreamableHttpTransport(edge, StandaloneStream(edge, hub)).add_routes(app)
+    StreamableHttpTransport(edge, StandaloneStream(edge, hub),
+                            modern=ModernTransport(edge, listeners=listeners)).add_routes(app)
+
+    async def end_listen_streams(app: web.Application) -> None:
+        await listeners.end_all()
+
+    app.on_shutdown.append(end_listen_streams)
     LegacySseTransport(edge).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:

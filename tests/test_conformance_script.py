@@ -7,12 +7,17 @@ from typing import Any
 import pytest
 
 from scripts.conformance import (
+    EXPECTED_FILE,
+    SPEC_VERSION,
+    SPEC_VERSIONS,
     Checks,
+    expected_file,
     load_expected,
     parse_checks,
     regressions,
     scenario_of,
     stale,
+    suite_args,
     table,
     unexpected,
 )
@@ -90,3 +95,21 @@ def test_table_shows_passed_over_reported_per_target() -> None:
                  "gateway": {("a", "x"): "SUCCESS", ("a", "y"): "FAILURE"}})
     assert out.splitlines()[0].split() == ["scenario", "direct", "gateway"]
     assert out.splitlines()[2].split() == ["a", "2/2", "1/2", "(1", "fail)"]
+
+
+def test_default_spec_version_keeps_its_file_and_runner_options() -> None:
+    assert SPEC_VERSION == "2025-11-25"
+    assert expected_file(SPEC_VERSION) == EXPECTED_FILE
+    assert EXPECTED_FILE.name == "expected-gateway-failures.yaml"
+    assert suite_args(SPEC_VERSION) == ["--spec-version", "2025-11-25", "--suite", "all"]
+
+
+def test_other_spec_versions_get_their_own_file_and_wire() -> None:
+    assert expected_file("2026-07-28") == EXPECTED_FILE.with_name("expected-gateway-failures-2026-07-28.yaml")
+    assert suite_args("2026-07-28") == ["--spec-version", "2026-07-28", "--suite", "all"]
+
+
+@pytest.mark.parametrize("spec_version", SPEC_VERSIONS)
+def test_every_spec_version_has_a_readable_expected_failures_file(spec_version: str) -> None:
+    loaded = load_expected(expected_file(spec_version).read_text())
+    assert set(loaded) <= {"gateway-stdio", "gateway-http"}

@@ -134,6 +134,21 @@ class Edge:
     def server_info(self) -> JsonObj:
         return self._dispatcher.server_info
 
+    def capabilities(self) -> JsonObj:
+        return self._dispatcher.initialize_result(rules.LATEST_VERSION)["capabilities"]  # type: ignore[no-any-return]
+
+    async def subscribe_resource(self, key: str, uri: str) -> bool:
+        """One URI of a listen stream, subscribed upstream (reference-counted with the 2025 sessions')."""
+        try:
+            reply = await self._dispatcher.subscriptions.subscribe(key, {"uri": uri})
+        except Exception as exc:  # an upstream that cannot subscribe: the URI is left out of the acknowledgement
+            log.info("listen_subscribe_failed", uri=uri[:200], error=type(exc).__name__)
+            return False
+        return "error" not in reply
+
+    def release_subscriptions(self, key: str) -> None:
+        self._dispatcher.subscriptions.end_session(key)
+
     @property
     def cache_scope(self) -> str:
         """What a modern client may share a cached answer with: nobody once tokens decide what is seen."""

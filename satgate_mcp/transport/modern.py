@@ -17,12 +17,14 @@ from aiohttp import web
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
-from satgate_mcp.transport import modern_rules, rules
-from satgate_mcp.transport.callstream import CallStream
-from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer
+from satgate_mcp.transport import listen, modern_rules, rules
+from satgate_mcp.transport.callstream import SSE_HEADERS, CallStream
+from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer, sse_event
+from satgate_mcp.transport.listen import Listeners
 from satgate_mcp.transport.modern_rules import META_LOG_LEVEL, meta_of
 from satgate_mcp.transport.relay import CallRelay, log_message_passes
 from satgate_mcp.transport.rules import Refusal
+from satgate_mcp.transport.stream import SHUTTING_DOWN
 
 #: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
 DISCONNECT_POLL_SECONDS = 0.25
@@ -30,9 +32,63 @@ KEEPALIVE_SECONDS = 15.0
 
 
 class ModernTransport:
-    def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> None:
+    def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
+                 listeners: Listeners | None = None) -> None:
         self._edge = edge
         self._keepalive = keepalive_seconds
+        self.listeners = listeners if listeners is not None else Listeners()
+
+    async def _listen(self, request: web.Request, principal: Principal, message: jsonrpc.Request) -> web.StreamResponse:
+        """Acknowledge what will be sent, then send only that until the client leaves or the process stops."""
+        asked = listen.requested_filter(message.params)
+        if isinstance(asked, str):
+            return json_answer(jsonrpc.error_response(message.id, jsonrpc.INVALID_PARAMS, asked,
+                                                      {"error": "invalid_params"}), 400)
+        if self.listeners.closing:
+            return refusal_answer(SHUTTING_DOWN, message.id)
+        flags, uris = asked
+        edge = self._edge
+        capabilities = edge.capabilities()
+        lists = listen.honoured_lists(flags, capabilities)
+        listener = self.listeners.open(message.id, listen.ListenFilter(lists))
+        try:
+            subscribable = isinstance(capabilities.get("resources"), dict) and bool(
+                capabilities["resources"].get("subscribe"))
+            readable = [u for u in uris if subscribable and principal.identity.allows_resource(u)]
+            subscribed = [u for u in readable if await edge.subscribe_resource(listener.key, u)]
+            listener.filter = listen.ListenFilter(lists, frozenset(subscribed))
+            return await self._serve_listen(request, listener)
+        finally:
+            self.listeners.release(listener)
+            edge.release_subscriptions(listener.key)
+
+    async def _serve_listen(self, request: web.Request, listener: listen.Listener) -> web.StreamResponse:
+        response = web.StreamResponse(headers=dict(SSE_HEADERS))
+        watcher = asyncio.ensure_future(_hung_up(request))
+        try:
+            await response.prepare(request)
+            await response.write(sse_event(listen.acknowledgement(listener.filter, listener.subscription_id)))
+            while True:
+                getter = asyncio.ensure_future(listener.queue.get())
+                done, _ = await asyncio.wait({getter, watcher}, timeout=self._keepalive,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if watcher in done:
+                    getter.cancel()
+                    return response
+                if getter not in done:
+                    getter.cancel()
+                    await response.write(b": keepalive\n\n")
+                    continue
+                item = getter.result()
+                if item is None:
+                    await response.write(sse_event(listen.ended(listener.subscription_id)))
+                    await response.write_eof()
+                    return response
+                await response.write(sse_event(item))
+        except ConnectionError:
+            return response
+        finally:
+            watcher.cancel()
 
     async def post(self, request: web.Request, message: jsonrpc.Request | jsonrpc.Notification) -> web.StreamResponse:
         request_id = message.id if isinstance(message, jsonrpc.Request) else None
@@ -53,7 +109,7 @@ class ModernTransport:
             return json_answer(jsonrpc.result_response(message.id, self._complete(
                 message.method, edge.discover_result(list(modern_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":
-            return refusal_answer(modern_rules.method_not_found(message.method), message.id)
+            return await self._listen(request, principal, message)
         call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
         return await self._run(request, principal, call, meta_of(message.params) or {})
 

@@ -33,11 +33,11 @@ EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
 
 class StreamableHttpTransport:
     def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
-                 keepalive_seconds: float | None = None) -> None:
+                 keepalive_seconds: float | None = None, modern: ModernTransport | None = None) -> None:
         self._edge = edge
         self._standalone = standalone
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
-        self._modern = ModernTransport(edge, keepalive_seconds=self._keepalive)
+        self._modern = modern or ModernTransport(edge, keepalive_seconds=self._keepalive)
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)

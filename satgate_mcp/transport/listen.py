@@ -1,0 +1,149 @@
+"""``subscriptions/listen`` (2026-07-28): a modern client's long-lived stream of change notifications.
+
+It replaces the 2025 GET stream and ``resources/subscribe``: the request names what it wants
+(``toolsListChanged``, ``promptsListChanged``, ``resourcesListChanged``, ``resourceSubscriptions``),
+the gateway acknowledges the subset it will honour first, then sends only those, each stamped with
+the subscription id (the request's JSON-RPC id). The stream ends with an empty result on shutdown;
+its resource subscriptions are released upstream when it ends in any way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from satgate_mcp import jsonrpc
+from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.transport.modern_rules import META_SUBSCRIPTION_ID
+
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+#: Flag in the filter -> the notification it opts in to.
+LIST_FLAGS = {"toolsListChanged": "notifications/tools/list_changed",
+              "promptsListChanged": "notifications/prompts/list_changed",
+              "resourcesListChanged": "notifications/resources/list_changed"}
+#: Which server capability each flag needs ("tools" is always there).
+FLAG_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts", "resourcesListChanged": "resources"}
+RESOURCE_UPDATED = "notifications/resources/updated"
+MAX_QUEUED = 1000
+MAX_RESOURCE_SUBSCRIPTIONS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ListenFilter:
+    lists: frozenset[str] = frozenset()  # notification methods
+    uris: frozenset[str] = frozenset()
+
+    def wants(self, method: str, params: JsonObj | None) -> bool:
+        if method == RESOURCE_UPDATED:
+            return (params or {}).get("uri") in self.uris
+        return method in self.lists
+
+    def as_wire(self) -> JsonObj:
+        wire: JsonObj = {flag: True for flag, method in LIST_FLAGS.items() if method in self.lists}
+        if self.uris:
+            wire["resourceSubscriptions"] = sorted(self.uris)
+        return wire
+
+
+def requested_filter(params: JsonObj | None) -> tuple[set[str], list[str]] | str:
+    """(flags asked for, URIs asked for), or why the request is malformed."""
+    notifications = (params or {}).get("notifications")
+    if not isinstance(notifications, dict):
+        return "subscriptions/listen needs params.notifications (an object)"
+    flags = {flag for flag in LIST_FLAGS if notifications.get(flag) is True}
+    uris = notifications.get("resourceSubscriptions", [])
+    if not isinstance(uris, list) or not all(isinstance(u, str) and u for u in uris):
+        return "notifications.resourceSubscriptions must be a list of URIs"
+    if len(uris) > MAX_RESOURCE_SUBSCRIPTIONS:
+        return f"at most {MAX_RESOURCE_SUBSCRIPTIONS} resource subscriptions per stream"
+    return flags, list(dict.fromkeys(uris))
+
+
+def honoured_lists(flags: Iterable[str], capabilities: JsonObj) -> frozenset[str]:
+    """The list notifications the gateway can send: an upstream must offer that kind at all."""
+    return frozenset(LIST_FLAGS[f] for f in flags if f == "toolsListChanged" or FLAG_CAPABILITY[f] in capabilities)
+
+
+def stamped(message: JsonObj, subscription_id: RequestId) -> JsonObj:
+    """A notification carrying its subscription id in ``params._meta``."""
+    params = dict(message.get("params") or {})
+    meta = params.get("_meta")
+    params["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SUBSCRIPTION_ID: subscription_id}
+    return {**message, "params": params}
+
+
+def acknowledgement(agreed: ListenFilter, subscription_id: RequestId) -> JsonObj:
+    return stamped(jsonrpc.notification_message(ACKNOWLEDGED, {"notifications": agreed.as_wire()}), subscription_id)
+
+
+def ended(subscription_id: RequestId) -> JsonObj:
+    """The graceful end: an empty result carrying the subscription id."""
+    return jsonrpc.result_response(subscription_id, {"resultType": "complete",
+                                                     "_meta": {META_SUBSCRIPTION_ID: subscription_id}})
+
+
+@dataclass
+class Listener:
+    key: str
+    subscription_id: RequestId
+    filter: ListenFilter
+    #: One slot beyond MAX_QUEUED for the None that ends a stream whose reader fell behind.
+    queue: asyncio.Queue[JsonObj | None] = field(default_factory=lambda: asyncio.Queue(MAX_QUEUED + 1))
+
+    def deliver(self, message: JsonObj) -> None:
+        if self.queue.qsize() < MAX_QUEUED:
+            self.queue.put_nowait(message)
+        elif not self.queue.full():
+            self.queue.put_nowait(None)
+
+    def end(self) -> None:
+        if not self.queue.full():
+            self.queue.put_nowait(None)
+
+
+class Listeners:
+    """Every open listen stream of this process, and the pool's notices routed to them."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Listener] = {}
+        self._keys = itertools.count(1)
+        self._none_open = asyncio.Event()
+        self._none_open.set()
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, subscription_id: RequestId, agreed: ListenFilter) -> Listener:
+        listener = Listener(f"listen:{next(self._keys)}", subscription_id, agreed)
+        self._open[listener.key] = listener
+        self._none_open.clear()
+        return listener
+
+    def release(self, listener: Listener) -> None:
+        self._open.pop(listener.key, None)
+        if not self._open:
+            self._none_open.set()
+
+    def notice(self, method: str, params: JsonObj | None) -> None:
+        message = jsonrpc.notification_message(method, params)
+        for listener in self._open.values():
+            if listener.filter.wants(method, params):
+                listener.deliver(stamped(message, listener.subscription_id))
+
+    async def end_all(self) -> None:
+        """On shutdown: each stream ends with its result, and this returns once all have written it."""
+        self.closing = True
+        for listener in self._open.values():
+            listener.end()
+        await self._none_open.wait()
+
+
+def fan_out(*listeners: Callable[[str, JsonObj | None], None]) -> Callable[[str, JsonObj | None], None]:
+    """One pool listener feeding several: the 2025 stream hub and the 2026 listen streams."""
+    def notice(method: str, params: JsonObj | None) -> None:
+        for listener in listeners:
+            listener(method, params)
+    return notice
