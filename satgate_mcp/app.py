@@ -36,6 +36,7 @@ from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.modern import ModernTransport
+from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.streamable import StreamableHttpTransport
@@ -115,8 +116,9 @@ def create_app(
     registry.on_close.append(session_ended)
     owned.append(subscriptions.aclose)
 
-    StreamableHttpTransport(edge, StandaloneStream(edge, hub),
-                            modern=ModernTransport(edge, listeners=listeners)).add_routes(app)
+    modern = ModernTransport(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
+    owned.append(modern.aclose)
+    StreamableHttpTransport(edge, StandaloneStream(edge, hub), modern=modern).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()

@@ -157,6 +157,8 @@ class Settings(BaseSettings):
     redis_timeout: float = Field(default=0.5, gt=0)
     #: On a store fault, ``closed`` answers 503 + Retry-After (never a 401); ``open`` lets the check pass.
     store_fail_mode: Literal["closed", "open"] = "closed"
+    #: Seals 2026-07-28 multi round-trip state when there is no root key: comma separated, the first seals.
+    state_key: SecretStr | None = None
     #: Folder of the embedded SQLite state when no Redis is set; unset: $STATE_DIRECTORY or ./satgate-state.
     state_dir: str | None = None
 
@@ -293,6 +295,15 @@ class Settings(BaseSettings):
                 raise ValueError("SATGATE_OAUTH_RESOURCE_METADATA_URL is required when no SATGATE_OAUTH_AUDIENCE "
                                  "is an https:// URL (or http:// on loopback) to derive it from")
             self.oauth_resource_metadata_url = derived
+
+    @property
+    def state_keys(self) -> list[str]:
+        """What seals and opens MRTR state: the root key in header mode, else SATGATE_STATE_KEY's keys."""
+        if self.auth_mode == "header" and self.root_key is not None:
+            return [self.root_key.get_secret_value()]
+        if self.state_key is None:
+            return []
+        return [k.strip() for k in self.state_key.get_secret_value().split(",") if k.strip()]
 
     @property
     def rate_per_second(self) -> float | None:

@@ -15,14 +15,14 @@ import asyncio
 from aiohttp import web
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.auth.base import token_hash
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
-from satgate_mcp.transport import listen, modern_rules, rules
+from satgate_mcp.transport import listen, modern_rules, mrtr, rules
 from satgate_mcp.transport.callstream import SSE_HEADERS, CallStream
 from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.listen import Listeners
 from satgate_mcp.transport.modern_rules import META_LOG_LEVEL, meta_of
-from satgate_mcp.transport.relay import CallRelay, log_message_passes
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.transport.stream import SHUTTING_DOWN
 
@@ -33,10 +33,15 @@ KEEPALIVE_SECONDS = 15.0
 
 class ModernTransport:
     def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 listeners: Listeners | None = None) -> None:
+                 listeners: Listeners | None = None, flows: mrtr.Flows | None = None) -> None:
         self._edge = edge
         self._keepalive = keepalive_seconds
         self.listeners = listeners if listeners is not None else Listeners()
+        self._flows = flows if flows is not None else mrtr.Flows([])
+
+    async def aclose(self) -> None:
+        """At shutdown: calls still waiting for a client's input are given up."""
+        self._flows.close()
 
     async def _listen(self, request: web.Request, principal: Principal, message: jsonrpc.Request) -> web.StreamResponse:
         """Acknowledge what will be sent, then send only that until the client leaves or the process stops."""
@@ -110,8 +115,7 @@ class ModernTransport:
                 message.method, edge.discover_result(list(modern_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":
             return await self._listen(request, principal, message)
-        call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
-        return await self._run(request, principal, call, meta_of(message.params) or {})
+        return await self._run(request, principal, message, meta_of(message.params) or {})
 
     def _param_headers(self, request: web.Request, message: jsonrpc.Request) -> Refusal | None:
         if message.method != "tools/call":
@@ -135,40 +139,88 @@ class ModernTransport:
             return reply, 404
         return reply, 200
 
-    async def _run(self, request: web.Request, principal: Principal, call: jsonrpc.Request,
+    async def _run(self, request: web.Request, principal: Principal, message: jsonrpc.Request,
                    meta: dict[str, object]) -> web.StreamResponse:
+        """One round of the call: a new call, or the retry of one waiting for its client's input (MRTR)."""
         level = meta.get(META_LOG_LEVEL)
-        wanted = level if isinstance(level, str) else None
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
 
-        async def emit(message: JsonObj) -> bool:
-            # Log messages only when this request asked for a level; progress always (it asked by its token).
-            if message.get("method") == "notifications/message" and (
-                    wanted is None or not log_message_passes(message.get("params"), wanted)):
-                return True
-            return await stream.emit(message) if streams else False
+        async def emit(note: JsonObj) -> bool:
+            return await stream.emit(note) if streams else False
 
-        # No server-to-client requests in this revision: with no declared capability every ask is refused.
-        relay = CallRelay(session_key=f"stateless:{principal.identity.token_id}", emit=emit, asks=self._edge.asks,
-                          streaming=streams, capabilities=dict, log_level=lambda: wanted)
-        keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive)) if streams else None
-        work = asyncio.ensure_future(self._edge.run(principal, call, relay))
+        holder = token_hash(principal.token)
+        digest = mrtr.request_digest(message.method, message.params)
+        params = message.params or {}
+        if "requestState" in params or "inputResponses" in params:
+            if message.method not in mrtr.MRTR_METHODS:
+                return refusal_answer(_state_refused(f"{message.method} takes no inputResponses or requestState"),
+                                      message.id)
+            try:
+                flow = self._flows.resume(params.get("requestState"), holder=holder, digest=digest)
+            except mrtr.StateRefused as exc:
+                return refusal_answer(_state_refused(str(exc)), message.id)
+            flow.emit, flow.streaming = emit, streams
+            flow.answer(params.get("inputResponses"))
+        else:
+            declared = meta.get(modern_rules.META_CAPABILITIES)
+            flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
+                             level if isinstance(level, str) else None, emit)
+            flow.streaming = streams
+            relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}")
+            call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
+            flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
+        return await self._round(request, flow, stream, streams, message)
+
+    async def _round(self, request: web.Request, flow: mrtr.Flow, stream: CallStream, streams: bool,
+                     message: jsonrpc.Request) -> web.StreamResponse:
+        """Until the call ends or asks for input; a client that hangs up meanwhile cancels it."""
+        keeper = asyncio.ensure_future(stream.keep_alive(flow.admitted, self._keepalive)) if streams else None
         watcher = asyncio.ensure_future(_hung_up(request))
         try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                getter = asyncio.ensure_future(flow.next_outcome())
+                await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    self._flows.done(flow)
+                    flow.cancel("the client closed its stream")  # that is the cancellation; nothing more is sent
+                    return web.Response(status=499)
+                outcome = getter.result()
+                if outcome.asks and not any(a.key in flow.pending for a in outcome.asks):
+                    continue  # already put to the client in an earlier round
+                break
         finally:
             watcher.cancel()
             if keeper is not None:
                 keeper.cancel()
-            relay.close()
-        if not work.done():  # the client closed its stream: that is the cancellation, and nothing more is sent
-            work.cancel()
-            return web.Response(status=499)
-        reply, status = self._shaped(call.method, work.result())
+        if outcome.missing_capability is not None:
+            self._flows.done(flow)
+            flow.cancel("the client lacks a capability the call needs")
+            capability = outcome.missing_capability
+            return refusal_answer(modern_rules.modern_error(
+                400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
+                f"This call needs the client capability {capability!r}, which the request did not declare",
+                {"requiredCapabilities": {capability: {}}}), message.id)
+        if outcome.asks:
+            try:
+                state = self._flows.state_for(flow)
+            except mrtr.StateRefused as exc:
+                flow.cancel(str(exc))
+                return refusal_answer(_state_refused(str(exc)), message.id)
+            reply = jsonrpc.result_response(message.id, self._complete(
+                message.method, mrtr.input_required(list(flow.pending.values()), state)))
+            return await stream.finish(reply) if streams else json_answer(reply)
+        self._flows.done(flow)
+        assert outcome.reply is not None
+        reply, status = self._shaped(message.method, jsonrpc.with_id(outcome.reply, message.id))
         if not streams or status != 200:
             return json_answer(reply, status)
         return await stream.finish(reply)
+
+
+def _state_refused(why: str) -> Refusal:
+    return modern_rules.modern_error(400, jsonrpc.INVALID_PARAMS, "request_state_refused", f"Invalid params: {why}")
 
 
 async def _hung_up(request: web.Request) -> None:
