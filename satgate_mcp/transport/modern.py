@@ -161,7 +161,8 @@ class ModernTransport:
             except mrtr.StateRefused as exc:
                 return refusal_answer(_state_refused(str(exc)), message.id)
             flow.emit, flow.streaming = emit, streams
-            flow.answer(params.get("inputResponses"))
+            if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
+                return await self._ask(flow, stream, streams, message)
         else:
             declared = meta.get(modern_rules.META_CAPABILITIES)
             flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
@@ -171,6 +172,18 @@ class ModernTransport:
             call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
             flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
         return await self._round(request, flow, stream, streams, message)
+
+    async def _ask(self, flow: mrtr.Flow, stream: CallStream, streams: bool,
+                   message: jsonrpc.Request) -> web.StreamResponse:
+        """``input_required`` with every question still open, and a fresh sealed state for the retry."""
+        try:
+            state = self._flows.state_for(flow)
+        except mrtr.StateRefused as exc:
+            flow.cancel(str(exc))
+            return refusal_answer(_state_refused(str(exc)), message.id)
+        reply = jsonrpc.result_response(message.id, self._complete(
+            message.method, mrtr.input_required(list(flow.pending.values()), state)))
+        return await stream.finish(reply) if streams else json_answer(reply)
 
     async def _round(self, request: web.Request, flow: mrtr.Flow, stream: CallStream, streams: bool,
                      message: jsonrpc.Request) -> web.StreamResponse:
@@ -203,14 +216,7 @@ class ModernTransport:
                 f"This call needs the client capability {capability!r}, which the request did not declare",
                 {"requiredCapabilities": {capability: {}}}), message.id)
         if outcome.asks:
-            try:
-                state = self._flows.state_for(flow)
-            except mrtr.StateRefused as exc:
-                flow.cancel(str(exc))
-                return refusal_answer(_state_refused(str(exc)), message.id)
-            reply = jsonrpc.result_response(message.id, self._complete(
-                message.method, mrtr.input_required(list(flow.pending.values()), state)))
-            return await stream.finish(reply) if streams else json_answer(reply)
+            return await self._ask(flow, stream, streams, message)
         self._flows.done(flow)
         assert outcome.reply is not None
         reply, status = self._shaped(message.method, jsonrpc.with_id(outcome.reply, message.id))
