@@ -203,6 +203,10 @@ class ModernTransport:
                 if outcome.asks and not any(a.key in flow.pending for a in outcome.asks):
                     continue  # already put to the client in an earlier round
                 break
+        except asyncio.CancelledError:  # the handler itself was cancelled (a hang-up aiohttp reported, a cut)
+            self._flows.done(flow)
+            flow.cancel("the request was cancelled")
+            raise
         finally:
             watcher.cancel()
             if keeper is not None:

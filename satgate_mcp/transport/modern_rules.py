@@ -16,6 +16,7 @@ from typing import Any
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.transport.relay import is_log_level
 from satgate_mcp.transport.rules import Refusal
 
 MODERN_VERSION = "2026-07-28"
@@ -159,8 +160,14 @@ def modern_refusal(request: jsonrpc.Request | jsonrpc.Notification, headers: Any
         decoded = decode_header_value(raw)
         if decoded is None or decoded != body_name:
             return header_mismatch(f"{NAME_HEADER} header does not match the body's params.{source}")
+    if not isinstance(request, jsonrpc.Request):
+        return None  # a notification is accepted and ignored: none is defined for clients on HTTP
     if request.method not in MODERN_METHODS and not request.method.startswith("satgate/"):
         return method_not_found(request.method)
+    level = meta.get(META_LOG_LEVEL)
+    if level is not None and not is_log_level(level):
+        return modern_error(400, jsonrpc.INVALID_PARAMS, "invalid_log_level",
+                            f"Invalid params: _meta[{META_LOG_LEVEL!r}] must be a log level (debug ... emergency)")
     return None
 
 
@@ -192,12 +199,13 @@ def _value_at(arguments: object, path: tuple[str, ...]) -> object:
 
 
 def _same(header: str, value: object) -> bool:
+    """Booleans as ``true``/``false``; numbers compared numerically (``42`` matches ``42.0``); strings exactly."""
     if isinstance(value, bool):
         return header == ("true" if value else "false")
-    if isinstance(value, int):
+    if isinstance(value, int | float):
         try:
-            return float(header) == value
-        except ValueError:
+            return float(header) == float(value)
+        except (ValueError, OverflowError):
             return False
     return isinstance(value, str) and header == value
 
