@@ -25,6 +25,7 @@ from satgate_mcp.keys import (
     REGISTRY,
     RESUMES_SESSIONS,
     SETTINGS,
+    STORE_PROBE,
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
@@ -101,6 +102,12 @@ def create_app(
     app[METRICS] = metrics
     app[INFLIGHT] = edge.limiter
     app[RESUMES_SESSIONS] = edge.resumes_sessions
+    if settings.redis_url:
+        from satgate_mcp.policy.redis_stores import RedisProbe
+
+        probe = RedisProbe(settings.redis_url, settings.redis_timeout)
+        app[STORE_PROBE] = probe
+        owned.append(probe.aclose)
 
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)

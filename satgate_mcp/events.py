@@ -16,6 +16,8 @@ import orjson
 import structlog
 
 SESSION_CONNECT: Final = "session_connect"
+#: A metered call admitted unmetered because the store could not answer (SATGATE_STORE_FAIL_MODE=open).
+FAIL_OPEN_ADMISSION: Final = "fail_open_admission"
 SESSION_CLOSE: Final = "session_close"
 AUTH_FAILURE: Final = "auth_failure"
 TOOL_CALL: Final = "tool_call"

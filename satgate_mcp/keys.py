@@ -5,6 +5,8 @@ Only state something reads back is stored: the parts themselves are wired by ``c
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from aiohttp import web
 
 from satgate_mcp.dispatch import Pool
@@ -19,8 +21,19 @@ POOL = web.AppKey("pool", Pool)
 METRICS = web.AppKey("metrics", Metrics)
 #: Requests in flight per token id and per process, shared by /mcp and the legacy /message.
 INFLIGHT = web.AppKey("inflight", InflightLimiter)
-#: True when this process serves unknown-but-valid session ids again (header auth mode only).
+#: True when this process serves unknown-but-valid session ids again (header and OAuth modes).
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
+
+
+
+class StoreProbe(Protocol):
+    """Whether the shared store answers now (bounded by SATGATE_REDIS_TIMEOUT): what ``/readyz`` reports."""
+
+    async def __call__(self) -> bool: ...
+
+
+#: Present when a shared store (Redis) is configured.
+STORE_PROBE = web.AppKey("store_probe", StoreProbe)
 
 #: Per-request facts the canonical log line reports.
 SESSION_ID = web.RequestKey("session_id", str)

@@ -35,6 +35,11 @@ class Metrics:
         self.refusals = Counter("satgate_refusals", "Requests refused, by reason", ["reason"], registry=r)
         self.upstream_restarts = Counter("satgate_upstream_restarts", "Upstream restarts or reconnects",
                                          ["upstream"], registry=r)
+        self.store_errors = Counter("satgate_store_errors", "Shared or embedded store operations that failed",
+                                    ["op"], registry=r)
+        self.fail_open_admissions = Counter("satgate_fail_open_admissions",
+                                            "Calls admitted unmetered while the store was down "
+                                            "(SATGATE_STORE_FAIL_MODE=open)", registry=r)
 
     def watch_revocation_files(self, files: Sequence[WatchedFile]) -> None:
         """Export the revocation files' health; a no-op when none is configured."""

@@ -15,17 +15,20 @@ An empty session id (stateless requests) turns the guard off for that call.
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+import structlog
+
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import Publisher
-from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
+from satgate_mcp.jsonrpc import RATE_LIMITED, SERVER_ERROR, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import (
     BudgetStore,
@@ -58,6 +61,25 @@ from satgate_mcp.policy.limits import (
 from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
 from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
 from satgate_mcp.settings import Settings
+
+try:
+    from redis.exceptions import RedisError
+except ImportError:  # pragma: no cover - redis is a plain dependency; kept importable without it
+    RedisError = OSError  # type: ignore[misc,assignment]
+
+#: What a store that cannot answer raises: Redis down, paused past SATGATE_REDIS_TIMEOUT, or the state database.
+STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError, sqlite3.Error)
+#: Seconds a client refused for a store fault is told to wait.
+STORE_RETRY_AFTER_SECONDS = 1
+
+log = structlog.get_logger("satgate_mcp.policy")
+
+
+def store_unavailable() -> GatewayError:
+    """Closed fail mode: the transport answers this as 503 + Retry-After (never 401/403, never -32603)."""
+    return GatewayError("Service unavailable: the gateway's store did not answer; retry shortly",
+                        {"error": "store_unavailable", "retry_after_seconds": STORE_RETRY_AFTER_SECONDS},
+                        code=SERVER_ERROR)
 
 if TYPE_CHECKING:
     from satgate_mcp.state import LocalState
@@ -142,6 +164,7 @@ class CallPolicy:
         duplicate_ttl: float = DUPLICATE_TTL_SECONDS,
         new_id: Callable[[], str] = lambda: secrets.token_hex(12),
         on_close: Sequence[Callable[[], Awaitable[None]]] = (),
+        fail_open: bool = False,
     ) -> None:
         """``rate`` and ``tool_rates`` limit each token family; ``costs`` (by tool pattern, else
         ``default_cost``) are charged to budgets that start at the caveat's limit or the operator's
@@ -166,6 +189,7 @@ class CallPolicy:
                                     verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
         self._on_close = tuple(on_close)
         self._in_flight = InFlight()
+        self._fail_open = fail_open
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
@@ -189,6 +213,7 @@ class CallPolicy:
             costs=settings.tool_costs, default_cost=settings.default_cost, operator_budgets=settings.budgets,
             enforcement=settings.enforcement,
             root_key=root_key.get_secret_value() if root_key is not None else None,
+            fail_open=settings.store_fail_mode == "open",
             **parts,
         )
 
@@ -196,7 +221,28 @@ class CallPolicy:
 
     async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
                     request_id: RequestId, params: JsonObj | None) -> Admission:
-        """Let one request through or raise the GatewayError the client should see."""
+        """Let one request through or raise the GatewayError the client should see.
+
+        A store that cannot answer (Redis down or paused past its timeout, the state database
+        unusable) is the gateway's fault: closed, the call is refused as ``store_unavailable`` (the
+        transport answers 503 + Retry-After); open, it is admitted unmetered and counted.
+        """
+        try:
+            return await self._admit(identity, method=method, tool=tool, session_id=session_id,
+                                     request_id=request_id, params=params)
+        except STORE_ERRORS as exc:
+            self._metrics.store_errors.labels(op="admit").inc()
+            log.warning("store_unavailable", op="admit", error=type(exc).__name__, token_id=identity.token_id,
+                        tool=tool, fail_mode="open" if self._fail_open else "closed")
+            if not self._fail_open:
+                self._metrics.refusals.labels(reason="store_unavailable").inc()
+                raise store_unavailable() from None
+            self._metrics.fail_open_admissions.inc()
+            self._publisher.publish(events.FAIL_OPEN_ADMISSION, token_id=identity.token_id, method=method, tool=tool)
+            return Admission(identity, tool, Role.UNMETERED)
+
+    async def _admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
+                     request_id: RequestId, params: JsonObj | None) -> Admission:
         if method in UNMETERED_METHODS:
             return Admission(identity, tool, Role.UNMETERED)
         await self._check_rate(identity, method, tool if method == TOOLS_CALL else None)
@@ -243,14 +289,25 @@ class CallPolicy:
                 failure = exc
                 raise
             finally:
-                await self._close(admission, outcome_of(reply, failure))
+                await self._close_recorded(admission, outcome_of(reply, failure))
         if admission.role is not Role.JOINED:
-            shared.start(call, lambda reply, failure: self._close(admission, outcome_of(reply, failure)))
+            shared.start(call, lambda reply, failure: self._close_recorded(admission, outcome_of(reply, failure)))
         return await shared.join()
 
     async def settle(self, admission: Admission, *, ran: bool) -> None:
         """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it."""
-        await self._close(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
+        await self._close_recorded(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
+
+    async def _close_recorded(self, admission: Admission, outcome: Outcome) -> None:
+        """``_close``, but a store fault after the call ran never costs the client its answer: what could
+        not be written is logged with everything needed to reconcile it by hand."""
+        try:
+            await self._close(admission, outcome)
+        except STORE_ERRORS as exc:
+            self._metrics.store_errors.labels(op="settle").inc()
+            log.error("settlement_not_recorded", error=type(exc).__name__, outcome=str(outcome),
+                      token_id=admission.identity.token_id, budget_id=admission.identity.budget_key,
+                      tool=admission.tool, stake=admission.stake, duplicate_key=admission.duplicate_key)
 
     async def _close(self, admission: Admission, outcome: Outcome) -> None:
         """Carry out ``closing``: move the record, let go of the shared call, refund.

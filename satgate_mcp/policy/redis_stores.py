@@ -9,6 +9,7 @@ Rate buckets take ``now`` from the caller's wall clock, so machines need roughly
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -233,3 +234,21 @@ class RedisStores:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class RedisProbe:
+    """``/readyz``'s look at the shared store: one PING, bounded by the timeout; never raises."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._timeout = timeout
+
+    async def __call__(self) -> bool:
+        try:
+            async with asyncio.timeout(self._timeout * 2):
+                return bool(await self._client.ping())
+        except (redis.RedisError, OSError, TimeoutError):
+            return False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.transport.edge import json_answer, sse_event
+from satgate_mcp.transport.rules import reply_status
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
                "X-Accel-Buffering": "no"}
@@ -85,7 +86,8 @@ class CallStream:
         """The answer: plain JSON when nothing was streamed and nothing is owed, else the stream's last event."""
         async with self._lock:
             if self._response is None and not self._owes():
-                return json_answer(reply, headers=self._headers)
+                status, extra = reply_status(reply)
+                return json_answer(reply, status, headers={**self._headers, **extra})
             with contextlib.suppress(ConnectionError, RuntimeError):
                 response = await self._open()
                 await response.write(self._frame(reply))

@@ -13,7 +13,7 @@ import hmac
 from aiohttp import web
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.keys import METRICS, POOL, SETTINGS
+from satgate_mcp.keys import METRICS, POOL, SETTINGS, STORE_PROBE
 from satgate_mcp.metrics import CONTENT_TYPE
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport.edge import host_origin_refusal, refusal_answer
@@ -40,15 +40,23 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.StreamResponse:
-    """Ready only when every upstream is initialized: a proxy should not send calls that would fail."""
+    """Ready only when every upstream is initialized and (closed fail mode) the shared store answers: a proxy
+    should not send calls that would fail."""
     refusal = host_origin_refusal(request, request.app[SETTINGS])
     if refusal:
         return refusal_answer(refusal)
     pool = request.app[POOL]
     upstreams = pool.readiness()
     ready = all(upstreams.values())
-    return web.json_response({"status": "ready" if ready else "starting", "upstreams": upstreams},
-                             status=200 if ready else 503)
+    body: dict[str, object] = {"status": "ready" if ready else "starting", "upstreams": upstreams}
+    probe = request.app.get(STORE_PROBE)
+    if probe is not None:
+        store_up = await probe()
+        body["store"] = "up" if store_up else "down"
+        if not store_up and request.app[SETTINGS].store_fail_mode == "closed":
+            # Closed mode refuses metered calls meanwhile: a balancer should send them to another machine.
+            ready, body["status"] = False, "store_unavailable"
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

@@ -137,7 +137,7 @@ class ModernTransport:
         error = reply.get("error")
         if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
             return reply, 404
-        return reply, 200
+        return reply, rules.reply_status(reply)[0]
 
     async def _run(self, request: web.Request, principal: Principal, message: jsonrpc.Request,
                    meta: dict[str, object]) -> web.StreamResponse:
@@ -225,7 +225,7 @@ class ModernTransport:
         assert outcome.reply is not None
         reply, status = self._shaped(message.method, jsonrpc.with_id(outcome.reply, message.id))
         if not streams or status != 200:
-            return json_answer(reply, status)
+            return json_answer(reply, status, headers=rules.reply_status(reply)[1])
         return await stream.finish(reply)
 
 

@@ -234,6 +234,16 @@ STORE_UNAVAILABLE = Refusal(503, "store_unavailable",
                             extra={"retry_after_seconds": STORE_RETRY_AFTER_SECONDS})
 
 
+def reply_status(reply: JsonObj) -> tuple[int, dict[str, str]]:
+    """The HTTP status a single answer travels with: 200, except a store fault (503 + Retry-After), so a
+    balancer or client backs off instead of reading the refusal as the call's own error."""
+    error = reply.get("error")
+    data = error.get("data") if isinstance(error, dict) else None
+    if isinstance(data, dict) and data.get("error") == "store_unavailable":
+        return 503, {"Retry-After": str(data.get("retry_after_seconds", STORE_RETRY_AFTER_SECONDS))}
+    return 200, {}
+
+
 def auth_refusal(outcome: AuthOutcome, resource_metadata_url: str | None) -> Refusal:
     """The answer to a credential that did not pass. OAuth mode turns a revocation into a 401 challenge,
     so OAuth clients fetch a new token instead of giving up."""

@@ -149,7 +149,9 @@ class StreamableHttpTransport:
         single = requests[0]
         if not rules.accepts(request.headers.get("Accept"), "text/event-stream"):
             relay = self._edge.relay(session, _nowhere, streaming=False)
-            return json_answer(await self._edge.run(session, single, relay), headers=headers)
+            reply = await self._edge.run(session, single, relay)
+            status, extra = rules.reply_status(reply)
+            return json_answer(reply, status, headers={**headers, **extra})
         return await self._stream(request, session, single, headers)
 
     async def _stream(self, request: web.Request, session: Session, call: jsonrpc.Request,
