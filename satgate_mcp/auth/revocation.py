@@ -32,6 +32,10 @@ TOKEN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/=|-]{0,127}")
 
 DEFAULT_CHECK_INTERVAL = 0.25
 DEFAULT_REDIS_KEY = "satgate:revoked"
+#: While Redis is down, the revocation mirror tries to re-sync this often.
+RESYNC_INTERVAL_SECONDS = 0.5
+#: The most closing a Redis revocation store waits for its subscriber to stop.
+CLOSE_WAIT_SECONDS = 1.0
 
 _log = structlog.get_logger(__name__)
 
@@ -194,47 +198,46 @@ def append_revocation(path: Path, token_id: str) -> None:
 
 
 class RedisRevocationStore:
-    """A Redis set shared by every gateway process; answers are cached locally for ``cache_seconds``.
+    """A Redis set shared by every gateway process, mirrored in memory so a check never waits on Redis.
 
-    The cache bounds the round trips on the hot path while keeping a revocation visible within
-    ``cache_seconds`` (0.5 s by default, under the one second the gateway promises). An id seen
-    revoked stays revoked in this process until restart, as with the file.
+    The mirror is loaded once the store is first used, kept fresh by pub/sub (a ``revoke`` anywhere
+    publishes the id; every process has it within milliseconds) and re-synced after every reconnect.
+    Checks answer from it, also while Redis is down: what was revoked stays revoked, and nothing can be
+    revoked during the outage anyway. Only before the first sync is Redis asked directly (bounded by
+    the timeout; a failure then is a store fault the authenticator turns into 503 or lets through, per
+    ``SATGATE_STORE_FAIL_MODE``). An id seen revoked stays revoked in this process until restart, as
+    with the file, even if it is removed from Redis.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        key: str = DEFAULT_REDIS_KEY,
-        cache_seconds: float = 0.5,
-        clock: Callable[[], float] = time.monotonic,
-        max_cached: int = 10_000,
-        timeout: float = 0.5,
-    ) -> None:
+    def __init__(self, url: str, *, key: str = DEFAULT_REDIS_KEY, timeout: float = 0.5,
+                 resync_interval: float = RESYNC_INTERVAL_SECONDS) -> None:
         import redis.asyncio as aioredis  # optional dependency: only needed when configured
 
-        # A paused or unreachable Redis must fail the check within the timeout, never hang the request.
+        # A paused or unreachable Redis must fail a command within the timeout, never hang the request.
         self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
                                                              socket_connect_timeout=timeout)
+        # The subscriber waits for messages: no read timeout, a health-check ping instead.
+        self._subscriber: redis.asyncio.Redis = aioredis.from_url(url, socket_connect_timeout=timeout,
+                                                                  health_check_interval=1)
         self._key = key
-        self._cache_seconds = cache_seconds
-        self._clock = clock
-        self._max_cached = max_cached
-        self._cache: dict[str, tuple[bool, float]] = {}
-        #: Ids seen revoked: they stay revoked in this process, like the file's (bounded by the set's size).
+        self._channel = f"{key}:events"
+        self._resync_interval = resync_interval
         self._revoked: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        #: Set once the mirror holds the whole set; cleared while the subscription is down.
+        self.synced = asyncio.Event()
+        #: Set whenever a published revocation reached the mirror (tests await it).
+        self.changed = asyncio.Event()
+        self._ever_synced = False
+        self._closing = False
 
     async def is_revoked(self, token_id: str) -> bool:
+        self._start()
         if token_id in self._revoked:
             return True
-        now = self._clock()
-        hit = self._cache.get(token_id)
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        revoked = bool(await self._redis.sismember(self._key, token_id))
-        if len(self._cache) >= self._max_cached:
-            self._cache.clear()
-        self._cache[token_id] = (revoked, now + self._cache_seconds)
+        if self._ever_synced:  # the mirror is the answer, also while Redis is down
+            return False
+        revoked = bool(await self._redis.sismember(self._key, token_id))  # before the first sync only
         if revoked:
             self._revoked.add(token_id)
         return revoked
@@ -242,10 +245,54 @@ class RedisRevocationStore:
     async def revoke(self, token_id: str) -> None:
         check_token_id(token_id)
         await self._redis.sadd(self._key, token_id)
+        await self._redis.publish(self._channel, token_id)
         self._revoked.add(token_id)
 
+    def _start(self) -> None:
+        if self._task is None and not self._closing:
+            self._task = asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        """Subscribe, load the set, then apply what is published; after any fault, start over."""
+        import redis.exceptions
+
+        while not self._closing:
+            pubsub = self._subscriber.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)  # first, so nothing published meanwhile is missed
+                members = await self._redis.smembers(self._key)
+                self._revoked.update(_text(m) for m in members)
+                self._ever_synced = True
+                self.synced.set()
+                while not self._closing:
+                    message = await pubsub.get_message(timeout=self._resync_interval)
+                    if message is not None and message.get("type") == "message":
+                        self._revoked.add(_text(message["data"]))
+                        self.changed.set()
+            except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
+                if self.synced.is_set():
+                    _log.warning("revocation_sync_lost", error=type(exc).__name__)
+                self.synced.clear()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(self._resync_interval)  # probed again at least this often while Redis is down
+
     async def aclose(self) -> None:
+        """Stop following. redis-py's ``get_message`` can swallow a cancellation, so the loop is told to stop
+        and its connection is closed under it; the wait for it is bounded either way."""
+        self._closing = True
+        task, self._task = self._task, None
+        with contextlib.suppress(Exception):
+            await self._subscriber.aclose()
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=CLOSE_WAIT_SECONDS)
         await self._redis.aclose()
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class UnionRevocationStore:

@@ -30,6 +30,10 @@ from pytest_aiohttp import AiohttpClient
 from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.auth.header import MacaroonAuthenticator
+from satgate_mcp.auth.macaroons import mint_token
+from satgate_mcp.auth.revocation import RedisRevocationStore
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import MemoryBudgetStore
@@ -63,10 +67,13 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    async def start(self) -> None:
+    def spawn(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def start(self) -> None:
+        self.spawn()
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         try:
             async with asyncio.timeout(START_TIMEOUT):
@@ -158,7 +165,8 @@ async def test_redis_killed_refuses_metered_calls_with_503_keeps_the_rest_and_re
 
     await redis_server.start()
     async with asyncio.timeout(3.0):  # the issue's bound for recovery once Redis is back
-        while (answer := await rpc(client, session, 5, "tools/call", echo("after")))[0] != 200:
+        # A client retries after its Retry-After; the gateway's recovery has no event a test could await.
+        while (answer := await rpc(client, session, 5, "tools/call", echo("after")))[0] != 200:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     assert answer[2]["result"]["content"][0]["text"] == "after"
     ready = await client.get("/readyz")
@@ -207,3 +215,33 @@ async def test_a_store_fault_after_the_call_never_costs_the_client_its_answer() 
     await policy.settle(admission, ran=False)  # wants a refund, the store refuses: logged, not raised
     assert metrics.store_errors.labels(op="settle")._value.get() == 1
 
+
+
+async def test_header_mode_keeps_authenticating_from_the_revocation_mirror_while_redis_is_down(
+        aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
+    """Revocation checks never wait on Redis: once the mirror synced, a token is checked with Redis gone, so
+    what needs no store is served; the metered call alone is refused with 503."""
+    key = "store-fault-header-root-key-0123456789abcdef"
+    settings = Settings(auth_mode="header", root_key=SecretStr(key), redis_url=redis_server.url,
+                        redis_timeout=REDIS_TIMEOUT, budgets={"agent": 100.0}, enforcement="control")
+    authenticator = authenticator_from_settings(settings)
+    assert isinstance(authenticator, MacaroonAuthenticator)
+    mirror = authenticator.revocations
+    assert isinstance(mirror, RedisRevocationStore)
+    client = await aiohttp_client(create_app(settings, pool=FakePool(), authenticator=authenticator))
+    token = mint_token(key, "agent")
+    auth = {"Authorization": f"Bearer {token}"}
+    body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
+                                                     "clientInfo": {"name": "t", "version": "1"}})
+    resp = await client.post("/mcp", data=json.dumps(body), headers={**headers(None), **auth})
+    assert resp.status == 200
+    session = resp.headers["Mcp-Session-Id"]
+    await asyncio.wait_for(mirror.synced.wait(), 5)
+    redis_server.kill()
+    listed = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(2, "tools/list")),
+                               headers={**headers(session), **auth})
+    assert listed.status == 200
+    called = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(3, "tools/call", echo("x"))),
+                               headers={**headers(session), **auth})
+    assert called.status == 503
+    await authenticator.aclose()
