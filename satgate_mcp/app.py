@@ -26,11 +26,13 @@ from satgate_mcp.keys import (
     RESUMES_SESSIONS,
     SETTINGS,
     STORE_PROBE,
+    TOMBSTONES,
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
+from satgate_mcp.shared_tombstones import RedisTombstones
 from satgate_mcp.state import open_state
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
@@ -90,8 +92,15 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
+    tombstones: RedisTombstones | None = None
+    if settings.redis_url:
+        tombstones = RedisTombstones(settings.redis_url, timeout=settings.redis_timeout,
+                                     on_error=lambda op: metrics.store_errors.labels(op=op).inc())
+        owned.append(tombstones.aclose)
     edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
-                publisher=publisher, metrics=metrics)
+                publisher=publisher, metrics=metrics, tombstones=tombstones)
+    if tombstones is not None:
+        tombstones.on_remote_delete = edge.end_remote
 
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
     app = web.Application(middlewares=[request_logger(metrics, log_health=settings.access_log_health)],
@@ -137,6 +146,13 @@ def create_app(
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())
 
+    if tombstones is not None:
+        shared = app[TOMBSTONES] = tombstones
+
+        async def follow_remote_deletes(app: web.Application) -> None:
+            shared.start()
+
+        app.on_startup.append(follow_remote_deletes)
     app.cleanup_ctx.append(_upstreams)
     app.cleanup_ctx.append(_sweeper)
     app.cleanup_ctx.append(_closers(owned))

@@ -14,6 +14,7 @@ from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
+from satgate_mcp.shared_tombstones import RedisTombstones
 
 SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", SessionRegistry)
@@ -34,6 +35,9 @@ class StoreProbe(Protocol):
 
 #: Present when a shared store (Redis) is configured.
 STORE_PROBE = web.AppKey("store_probe", StoreProbe)
+
+#: Present when DELETEs are shared through Redis (tests await its ``following`` and ``applied``).
+TOMBSTONES = web.AppKey("tombstones", RedisTombstones)
 
 #: Per-request facts the canonical log line reports.
 SESSION_ID = web.RequestKey("session_id", str)

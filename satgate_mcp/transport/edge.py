@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from aiohttp import web
@@ -82,6 +82,14 @@ class Principal:
         return self.identity.family_id
 
 
+class SharedTombstones(Protocol):
+    """DELETEs every process sees (``satgate_mcp.shared_tombstones``); absent without Redis."""
+
+    async def mark(self, session_id: str, ttl: float) -> bool: ...
+
+    async def is_marked(self, session_id: str) -> bool: ...
+
+
 #: Whom a call runs for: a session, or (stateless) a principal alone.
 Caller = Session | Principal
 
@@ -92,8 +100,9 @@ InflightKey = tuple[str, RequestId]
 class Edge:
     def __init__(self, *, settings: Settings, registry: SessionRegistry, authenticator: Authenticator,
                  dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics,
-                 limiter: InflightLimiter | None = None) -> None:
+                 limiter: InflightLimiter | None = None, tombstones: SharedTombstones | None = None) -> None:
         self._settings = settings
+        self._tombstones = tombstones
         self._registry = registry
         self._auth = authenticator
         self._dispatcher = dispatcher
@@ -242,10 +251,32 @@ class Edge:
         principal = await self.principal(request)
         if isinstance(principal, Refusal):
             return principal
+        return await self.find_session(request, principal, session_id, may_resume=may_resume)
+
+    async def find_session(self, request: web.Request, principal: Principal, session_id: str, *,
+                           may_resume: bool) -> Session | Refusal:
+        """``session``, after asking the shared tombstones (Redis) whether another process DELETEd the id."""
+        if (may_resume and self._tombstones is not None and self.resumes_sessions
+                and self._registry.get(session_id) is None and await self._tombstones.is_marked(session_id)):
+            log.info("resume_refused", session_id=session_id, reason="deleted_elsewhere")
+            self._metrics.refusals.labels(reason="resume_deleted").inc()
+            return rules.SESSION_NOT_FOUND
         return self.session(request, principal, session_id, may_resume=may_resume)
 
     def touch(self, session: Session) -> None:
         self._registry.touch(session)
+
+    async def delete_session(self, session: Session) -> None:
+        """DELETE: ended here, and (with Redis) tombstoned for every process before the answer goes out."""
+        self.end_session(session)
+        if self._tombstones is not None:
+            await self._tombstones.mark(session.id, self._registry.idle_ttl)
+
+    def end_remote(self, session_id: str) -> None:
+        """Another process DELETEd this id: a live copy here ends too (and leaves a local tombstone)."""
+        session = self._registry.get(session_id)
+        if session is not None:
+            self.end_session(session)
 
     def end_session(self, session: Session) -> None:
         """DELETE: a tombstone, and every call still running on it is cancelled."""

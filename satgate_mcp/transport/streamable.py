@@ -65,7 +65,7 @@ class StreamableHttpTransport:
         session = await edge.named_session(request, may_resume=False)
         if isinstance(session, Refusal):
             return refusal_answer(session)
-        edge.end_session(session)
+        await edge.delete_session(session)
         return web.Response(status=200, headers={SESSION_HEADER: session.id})
 
     async def post(self, request: web.Request) -> web.StreamResponse:
@@ -107,7 +107,7 @@ class StreamableHttpTransport:
         if isinstance(principal, Refusal):
             return refusal_answer(principal, post.first_id)
         # session
-        session = edge.session(request, principal, session_id, may_resume=True)
+        session = await edge.find_session(request, principal, session_id, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session, post.first_id)
         refusal = (rules.check_batch(post.is_batch, session.protocol_version)

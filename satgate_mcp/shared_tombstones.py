@@ -1,0 +1,105 @@
+"""DELETE made final on every machine: session tombstones in Redis, and live copies ended by pub/sub.
+
+Per-process tombstones (``sessions``) make a DELETE final on the process that saw it. With Redis,
+a DELETE also writes ``<prefix><session id>`` (TTL = the idle TTL) before its 200 goes out, and
+publishes the id. Why a DELETE that completed first always wins, cluster-wide: a resume anywhere
+asks Redis for the tombstone before it rebuilds a session; a resume that starts after the DELETE's
+200 therefore finds it (Redis serves one key linearizably). A resume that raced the DELETE (asked
+before the write) may rebuild a copy, but the published id reaches that process and ends the copy,
+and leaves a local tombstone, within a second. While Redis is down a resume checks the local
+tombstones only: a DELETE made on another machine during the outage can be missed, and such a
+resume grants nothing a fresh ``initialize`` with the same token would not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import redis.asyncio as redis
+import structlog
+
+DEFAULT_PREFIX = "satgate:tomb:"
+RESYNC_INTERVAL_SECONDS = 0.5
+CLOSE_WAIT_SECONDS = 1.0
+
+log = structlog.get_logger("satgate_mcp.shared_tombstones")
+
+
+class RedisTombstones:
+    """Tombstones shared by every process on one Redis; ``on_remote_delete`` ends a live copy here."""
+
+    def __init__(self, url: str, *, timeout: float, prefix: str = DEFAULT_PREFIX,
+                 on_remote_delete: Callable[[str], None] = lambda _: None,
+                 on_error: Callable[[str], None] = lambda _: None) -> None:
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._subscriber = redis.Redis.from_url(url, socket_connect_timeout=timeout, health_check_interval=1)
+        self._prefix = prefix
+        self._channel = f"{prefix}events"
+        self.on_remote_delete = on_remote_delete
+        self._on_error = on_error
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        #: Set once the subscription is live (tests await it before a DELETE elsewhere).
+        self.following = asyncio.Event()
+        #: Set whenever a remote DELETE was applied here (tests await it).
+        self.applied = asyncio.Event()
+
+    def start(self) -> None:
+        if self._task is None and not self._closing:
+            self._task = asyncio.ensure_future(self._follow())
+
+    async def mark(self, session_id: str, ttl: float) -> bool:
+        """Write the tombstone and tell the others; False (logged, counted) when Redis could not take it."""
+        try:
+            await self._redis.set(self._prefix + session_id, b"1", ex=max(1, int(ttl)))
+            await self._redis.publish(self._channel, session_id)
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self._on_error("tombstone_mark")
+            log.warning("shared_tombstone_not_written", session_id=session_id, error=type(exc).__name__)
+            return False
+        return True
+
+    async def is_marked(self, session_id: str) -> bool:
+        """Whether any process DELETEd this id within the idle TTL; False when Redis does not answer."""
+        try:
+            return bool(await self._redis.exists(self._prefix + session_id))
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self._on_error("tombstone_check")
+            log.info("shared_tombstone_unchecked", session_id=session_id, error=type(exc).__name__)
+            return False
+
+    async def _follow(self) -> None:
+        while not self._closing:
+            pubsub = self._subscriber.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)
+                self.following.set()
+                while not self._closing:
+                    message = await pubsub.get_message(timeout=RESYNC_INTERVAL_SECONDS)
+                    if message is not None and message.get("type") == "message":
+                        data = message["data"]
+                        self.on_remote_delete(data.decode("utf-8", "replace") if isinstance(data, bytes)
+                                              else str(data))
+                        self.applied.set()
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                if self.following.is_set():
+                    log.warning("shared_tombstones_unfollowed", error=type(exc).__name__)
+                self.following.clear()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if not self._closing:
+                await asyncio.sleep(RESYNC_INTERVAL_SECONDS)
+
+    async def aclose(self) -> None:
+        """Bounded, like the revocation mirror: redis-py's ``get_message`` can swallow a cancellation."""
+        self._closing = True
+        task, self._task = self._task, None
+        with contextlib.suppress(Exception):
+            await self._subscriber.aclose()
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=CLOSE_WAIT_SECONDS)
+        await self._redis.aclose()
