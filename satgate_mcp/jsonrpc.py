@@ -5,11 +5,41 @@ Pure data: nothing here knows about HTTP, sessions or upstreams, so every layer 
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import orjson
+
 JsonObj: TypeAlias = dict[str, Any]
 RequestId: TypeAlias = str | int
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes: orjson on the hot path; the standard library for what orjson refuses
+    (integers beyond 64 bits), so nothing a client sent becomes unanswerable."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+#: 19 digits in a row may be an integer beyond 64 bits, which orjson would turn into a float: those bodies
+#: (or any that merely contain such a run, in a string say) take the exact standard-library path.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def loads(raw: bytes) -> Any:
+    """orjson first; the standard library for what it refuses (NaN) or would round (integers beyond 64
+    bits), so the gateway reads exactly the JSON it always read. Raises ValueError or RecursionError."""
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600

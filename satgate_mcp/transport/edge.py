@@ -12,7 +12,6 @@ bounds its calls by the token's in-flight quota; cancelling by id needs a sessio
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -45,8 +44,7 @@ OnProgress = Callable[[JsonObj], Awaitable[None]]
 
 
 def json_answer(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
-                        content_type="application/json", headers=headers)
+    return web.Response(status=status, body=jsonrpc.dumps(body), content_type="application/json", headers=headers)
 
 
 def refusal_answer(refusal: Refusal, request_id: RequestId | None = None) -> web.Response:
@@ -58,7 +56,7 @@ def rejected_answer(rejected: rules.Rejected) -> web.Response:
 
 
 def sse_event(message: JsonObj) -> bytes:
-    return b"event: message\ndata: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"
+    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
 
 
 def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | None:

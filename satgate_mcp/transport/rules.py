@@ -7,7 +7,6 @@ the server's message when the body parses as JSON-RPC.
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -345,7 +344,7 @@ class Post:
 def decode_json(raw: bytes) -> object:
     """The decoded body, or PARSE_ERROR (a Refusal) for bytes that are not JSON."""
     try:
-        return json.loads(raw)
+        return jsonrpc.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return PARSE_ERROR
 

@@ -405,3 +405,9 @@ def test_parse_single_refuses(raw: bytes, error: str) -> None:
 
 def test_parse_single_takes_one_message() -> None:
     assert rules.parse_single(_json(PING)) == jsonrpc.Request(7, "ping", None)
+
+
+@pytest.mark.parametrize("raw", [b'{"n": 123456789012345678901234567890}', b'{"n": NaN}', '{"é": "ü"}'.encode()])
+def test_the_fast_json_path_accepts_exactly_what_the_standard_library_did(raw: bytes) -> None:
+    assert rules.decode_json(raw) == json.loads(raw)
+    assert json.loads(jsonrpc.dumps(json.loads(raw))) == json.loads(raw) or raw == b'{"n": NaN}'
