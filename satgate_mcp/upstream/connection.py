@@ -23,7 +23,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import ProgressCallback, event_within
 from satgate_mcp.upstream.inbox import Inbox
-from satgate_mcp.upstream.wire import RestartPolicy, cancelled_params, clip, split_batch
+from satgate_mcp.upstream.wire import RestartPolicy, cancelled_params, clip, split_batch, with_modern_meta
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
 
@@ -81,6 +81,12 @@ class UpstreamConnection(Generic[SpecT]):
         self._ready = asyncio.Event()
         self._closing = asyncio.Event()
         self._init_result: JsonObj | None = None
+        #: Whether the upstream speaks 2026-07-28 (found by ``server/discover``): no session, ``_meta`` on each request.
+        self._modern = False
+
+    @property
+    def modern(self) -> bool:
+        return self._modern
 
     @property
     def ready(self) -> bool:
@@ -102,7 +108,10 @@ class UpstreamConnection(Generic[SpecT]):
         timeout: float | None = None,
     ) -> JsonObj:
         """``Upstream.request``: within the caller's timeout, else the one configured for this upstream."""
-        return await self._request(method, params, self._spec.timeout if timeout is None else timeout, on_progress)
+        budget = self._spec.timeout if timeout is None else timeout
+        if not self._modern:
+            return await self._request(method, params, budget, on_progress)
+        return await self._request(method, with_modern_meta(params), budget, on_progress)
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,
                        on_progress: ProgressCallback | None) -> JsonObj:

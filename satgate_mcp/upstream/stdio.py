@@ -15,6 +15,7 @@ import signal
 from typing import Any
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.errors import UpstreamTimeout
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -28,10 +29,16 @@ from satgate_mcp.upstream.wire import (
     child_env,
     clip,
     describe_exit,
+    discover_params,
+    discover_timeout,
+    discovered_result,
     initialize_params,
+    listen_params,
     restart_plan,
 )
 
+#: The id of the one ``subscriptions/listen`` request a modern child answers only when it ends (never reused).
+LISTEN_ID = "satgate-listen"
 #: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
 LINE_LIMIT = 32 * 1024 * 1024
 
@@ -173,6 +180,17 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
 
     async def _initialize(self) -> None:
+        """``server/discover`` first (a 2026-07-28 child needs no handshake), else ``initialize`` as in 2025."""
+        self._modern = False
+        try:
+            discovered = discovered_result(await self._roundtrip(
+                "server/discover", discover_params(), discover_timeout(self._spec.timeout), None))
+        except UpstreamTimeout:
+            discovered = None
+        if discovered is not None:
+            self._modern, self._init_result = True, discovered
+            await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))
+            return
         reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout), None)
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))

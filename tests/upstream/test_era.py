@@ -1,0 +1,156 @@
+"""Which era each upstream is spoken to in: ``server/discover`` first, ``initialize`` when that fails (issue 12)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.upstream import wire
+from satgate_mcp.upstream.http import HttpUpstream
+from satgate_mcp.upstream.stdio import StdioUpstream
+from tests.conftest import HttpUpstreamProcess, upstream_command
+
+MODERN = "2026-07-28"
+
+
+# --- pure decisions ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("reply", "modern"), [
+    pytest.param({"result": {"supportedVersions": [MODERN], "capabilities": {"tools": {}}}}, True, id="modern"),
+    pytest.param({"result": {"supportedVersions": ["2025-06-18", MODERN]}}, True, id="among-others"),
+    pytest.param({"result": {"supportedVersions": ["2027-01-01"]}}, False, id="other-version-only"),
+    pytest.param({"result": {"capabilities": {}}}, False, id="no-versions"),
+    pytest.param({"error": {"code": -32601, "message": "Method not found"}}, False, id="method-not-found"),
+    pytest.param({"error": {"code": -32600, "message": "not initialized"}}, False, id="legacy-refusal"),
+    pytest.param(None, False, id="no-reply"),
+])
+def test_discover_decides_the_era(reply: JsonObj | None, modern: bool) -> None:
+    assert (wire.discovered_result(reply) is not None) is modern
+
+
+def test_a_discover_result_is_shaped_like_an_initialize_result() -> None:
+    found = wire.discovered_result({"result": {
+        "supportedVersions": [MODERN], "capabilities": {"tools": {}, "prompts": {}}, "instructions": "hi",
+        "_meta": {wire.META_SERVER_INFO: {"name": "m", "version": "1"}}}})
+    assert found == {"protocolVersion": MODERN, "capabilities": {"tools": {}, "prompts": {}},
+                     "serverInfo": {"name": "m", "version": "1"}, "instructions": "hi"}
+    assert wire.check_initialize_result({"result": found}) is found
+
+
+def test_check_initialize_result_accepts_2026_and_still_refuses_unknown_revisions() -> None:
+    ok = {"protocolVersion": MODERN, "capabilities": {}}
+    assert wire.check_initialize_result({"result": ok}) == ok
+    with pytest.raises(ValueError, match="does not know"):
+        wire.check_initialize_result({"result": {"protocolVersion": "1999-01-01", "capabilities": {}}})
+
+
+def test_modern_meta_keeps_the_callers_fields() -> None:
+    params = wire.with_modern_meta({"name": "t", "_meta": {"progressToken": "p"}})
+    assert params["name"] == "t"
+    assert params["_meta"]["progressToken"] == "p"
+    assert params["_meta"][wire.META_VERSION] == MODERN
+    assert params["_meta"][wire.META_CAPABILITIES] == {"elicitation": {}, "sampling": {}, "roots": {}}
+    assert wire.with_modern_meta(None)["_meta"][wire.META_VERSION] == MODERN
+
+
+@pytest.mark.parametrize(("message", "name"), [
+    pytest.param({"method": "tools/call", "params": {"name": "echo"}}, "echo", id="tool"),
+    pytest.param({"method": "resources/read", "params": {"uri": "memo://x"}}, "memo://x", id="resource"),
+    pytest.param({"method": "prompts/get", "params": {"name": "greet"}}, "greet", id="prompt"),
+    pytest.param({"method": "tools/list", "params": {"name": "ignored"}}, None, id="unnamed-method"),
+])
+def test_modern_headers(message: JsonObj, name: str | None) -> None:
+    headers = wire.modern_headers(message)
+    assert headers["MCP-Protocol-Version"] == MODERN
+    assert headers["Mcp-Method"] == message["method"]
+    assert headers.get("Mcp-Name") == name
+
+
+def test_retry_params_replace_the_previous_rounds_answers() -> None:
+    params = {"name": "t", "inputResponses": {"old": {}}, "requestState": "old"}
+    assert wire.retry_params(params, {"a": {"x": 1}}, "s2") == {"name": "t", "inputResponses": {"a": {"x": 1}},
+                                                                "requestState": "s2"}
+    assert wire.retry_params(params, {}, None) == {"name": "t"}
+
+
+# --- real upstreams -------------------------------------------------------------------------------------------
+
+async def _noop(method: str, params: JsonObj | None) -> None:
+    return None
+
+
+def _stdio(*args: str) -> StdioUpstream:
+    spec = StdioUpstreamSpec(transport="stdio", command=upstream_command(*args), timeout=10.0)
+    return StdioUpstream("m", spec, publisher=RecordingPublisher(), metrics=Metrics())
+
+
+@pytest.mark.parametrize(("args", "modern"), [
+    pytest.param(("--modern-only",), True, id="2026-only"),
+    pytest.param((), False, id="2025-only"),
+])
+async def test_stdio_era(args: tuple[str, ...], modern: bool) -> None:
+    upstream = _stdio("--name", "alpha", *args)
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        result = upstream.initialize_result or {}
+        assert result["protocolVersion"] == (MODERN if modern else "2025-06-18")
+        assert result["serverInfo"]["name"] == "alpha"
+        assert "tools" in result["capabilities"]
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+        assert reply["result"]["content"][0]["text"] == "hi"
+        listed = await upstream.request("tools/list", None)
+        assert ("mrtr_ask" in [t["name"] for t in listed["result"]["tools"]]) is modern
+    finally:
+        await upstream.close()
+
+
+async def test_a_modern_stdio_upstream_sees_the_2026_meta_on_every_request() -> None:
+    upstream = _stdio("--modern-only")
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        reply = await upstream.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}})
+        result = reply["result"]
+        assert result["resultType"] == "input_required"
+        assert result["requestState"] == "upstream-state:q"
+        assert result["inputRequests"]["ask"]["method"] == "elicitation/create"
+    finally:
+        await upstream.close()
+
+
+@pytest.mark.parametrize(("args", "modern"), [
+    pytest.param(("--modern-only",), True, id="2026-only"),
+    pytest.param((), False, id="2025-only"),
+])
+async def test_http_era(http_upstream_factory: Callable[..., HttpUpstreamProcess], args: tuple[str, ...],
+                        modern: bool) -> None:
+    server = http_upstream_factory("--name", "web", *args)
+    spec = HttpUpstreamSpec(transport="http", url=server.url, timeout=10.0)
+    upstream = HttpUpstream("web", spec, publisher=RecordingPublisher(), metrics=Metrics())
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        assert (upstream.session_id is None) is modern
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+        assert reply["result"]["content"][0]["text"] == "hi"
+        headers = json.loads((await upstream.request("tools/call", {"name": "headers", "arguments": {}}))
+                             ["result"]["content"][0]["text"])
+        lowered = {k.lower(): v for k, v in headers.items()}
+        if modern:
+            assert lowered["mcp-method"] == "tools/call"
+            assert lowered["mcp-name"] == "headers"
+            assert lowered["mcp-protocol-version"] == MODERN
+            assert "mcp-session-id" not in lowered
+        else:
+            assert "mcp-method" not in lowered
+    finally:
+        await upstream.close()
