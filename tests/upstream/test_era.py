@@ -12,6 +12,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream import wire
+from satgate_mcp.upstream.base import Resume
 from satgate_mcp.upstream.http import HttpUpstream
 from satgate_mcp.upstream.stdio import StdioUpstream
 from tests.conftest import HttpUpstreamProcess, upstream_command
@@ -112,18 +113,53 @@ async def test_stdio_era(args: tuple[str, ...], modern: bool) -> None:
         await upstream.close()
 
 
-async def test_a_modern_stdio_upstream_sees_the_2026_meta_on_every_request() -> None:
+class FakeCarrier:
+    """A 2026 client's relay: takes a modern upstream's input_required as it is; ``resume`` continues one."""
+
+    session_key = "s"
+
+    def __init__(self, resume: Resume | None = None) -> None:
+        self.resume = resume
+        self.carried: list[tuple[str, JsonObj]] = []
+
+    async def __call__(self, params: JsonObj) -> None:
+        return None
+
+    def admit(self) -> None:
+        return None
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        return None
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        raise AssertionError("a modern upstream's input is carried, never asked")
+
+    def carry(self, upstream: str, result: JsonObj) -> None:
+        self.carried.append((upstream, result))
+
+
+async def test_a_2026_clients_relay_carries_input_required_and_resumes_it() -> None:
     upstream = _stdio("--modern-only")
     await upstream.start(_noop)
+    call = {"name": "mrtr_ask", "arguments": {"question": "q"}}
     try:
         assert await upstream.wait_ready(20)
-        reply = await upstream.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}})
-        result = reply["result"]
-        assert result["resultType"] == "input_required"
-        assert result["requestState"] == "upstream-state:q"
-        assert result["inputRequests"]["ask"]["method"] == "elicitation/create"
+        carrier = FakeCarrier()
+        reply = await upstream.request("tools/call", call, on_progress=carrier)
+        answer = {"action": "accept", "content": {"answer": "a"}}
+        done = await upstream.request("tools/call", call, on_progress=FakeCarrier(
+            Resume("m", "upstream-state:q", {"ask": answer})))
+        elsewhere = await upstream.request("tools/call", call, on_progress=FakeCarrier(
+            Resume("other", "upstream-state:q", {"ask": answer})))
     finally:
         await upstream.close()
+    result = reply["result"]
+    assert result["resultType"] == "input_required"
+    assert result["requestState"] == "upstream-state:q"
+    assert result["inputRequests"]["ask"]["method"] == "elicitation/create"
+    assert carrier.carried == [("m", result)]
+    assert json.loads(done["result"]["content"][0]["text"]) == answer
+    assert elsewhere["error"]["data"]["error"] == "request_state_refused"
 
 
 @pytest.mark.parametrize(("args", "modern"), [
@@ -154,3 +190,62 @@ async def test_http_era(http_upstream_factory: Callable[..., HttpUpstreamProcess
             assert "mcp-method" not in lowered
     finally:
         await upstream.close()
+
+
+# --- input_required from a modern upstream, for a 2025 client: real requests, then the retry ----------------
+
+class FakeRelay:
+    """A 2025 client's relay: answers each relayed request from a script and remembers what it was asked."""
+
+    session_key = "s"
+
+    def __init__(self, answer: JsonObj) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, JsonObj | None]] = []
+
+    async def __call__(self, params: JsonObj) -> None:
+        return None
+
+    def admit(self) -> None:
+        return None
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        return None
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        self.asked.append((method, params))
+        return self.answer
+
+
+@pytest.fixture
+async def modern_stdio() -> StdioUpstream:
+    upstream = _stdio("--modern-only")
+    await upstream.start(_noop)
+    assert await upstream.wait_ready(20)
+    return upstream
+
+
+async def test_a_2025_client_is_asked_and_the_call_retried_with_its_answer(modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept", "content": {"answer": "42"}}})
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "why?"}},
+                                           on_progress=relay)
+    finally:
+        await modern_stdio.close()
+    assert json.loads(reply["result"]["content"][0]["text"]) == {"action": "accept", "content": {"answer": "42"}}
+    [(method, params)] = relay.asked
+    assert method == "elicitation/create"
+    assert params is not None
+    assert params["message"] == "why?"
+
+
+async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "error": {"code": -32600, "message": "no elicitation here"}})
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}},
+                                           on_progress=relay)
+        unasked = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}})
+    finally:
+        await modern_stdio.close()
+    assert reply["error"]["message"] == "no elicitation here"
+    assert unasked["error"]["data"]["error"] == "input_not_relayed"
