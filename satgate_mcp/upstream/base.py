@@ -96,6 +96,11 @@ class Upstream(Protocol):
         """The upstream's ``initialize`` result (capabilities, serverInfo), once initialized."""
         ...
 
+    @property
+    def modern(self) -> bool:
+        """Whether it speaks 2026-07-28 (no session; ``_meta`` on every request, no ``logging/setLevel``)."""
+        ...
+
     async def start(self, on_notification: NotificationCallback) -> None:
         """Begin connecting in the background; never raises because the upstream is down."""
         ...

@@ -2,7 +2,8 @@
 
 The upstream (tests/upstream_server.py ``--modern-only``, the official SDK's modern loop over stdio) knows no
 ``initialize``; the gateway discovers it and speaks to it statelessly. Its ``mrtr_ask`` tool answers
-``input_required`` (an elicitation and its own requestState) and completes on the retry. A 2025 client is
+``input_required`` (an elicitation and its own requestState) and completes on the retry. Every test runs
+with the upstream over stdio and over Streamable HTTP. A 2025 client is
 asked with a real request on its call's stream; a 2026 client gets the ``input_required`` with the
 upstream's state sealed in the gateway's, so a gateway SIGKILLed and restarted between the answer and
 the retry continues the call: nothing waited in memory. Another token's retry and a tampered state are
@@ -24,7 +25,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import upstream_command
+from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
 from tests.integration.test_mrtr_sdk import mint, modern_client, text_of
 
@@ -35,14 +36,22 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
         "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
 
 
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[GatewayProcess]:
-    upstreams = {"m": {"transport": "stdio", "command": upstream_command("--name", "m", "--modern-only")}}
-    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps(upstreams)})
-    gw.start()
-    await gw.wait_ready()
-    yield gw
-    await gw.kill()
+@pytest.fixture(params=["stdio", "http"])
+async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
+    """The gateway in front of the 2026-only upstream, as a stdio child or as a Streamable HTTP server."""
+    args = ("--name", "m", "--modern-only")
+    server = HttpUpstreamProcess(*args).start() if request.param == "http" else None
+    spec = ({"transport": "http", "url": server.url} if server is not None
+            else {"transport": "stdio", "command": upstream_command(*args)})
+    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"m": spec})})
+    try:
+        gw.start()
+        await gw.wait_ready()
+        yield gw
+        await gw.kill()
+    finally:
+        if server is not None:
+            server.stop()
 
 
 async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:

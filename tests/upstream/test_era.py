@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
 import pytest
+import structlog
 
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
@@ -14,6 +16,7 @@ from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream import wire
 from satgate_mcp.upstream.base import Resume
 from satgate_mcp.upstream.http import HttpUpstream
+from satgate_mcp.upstream.pool import UpstreamPool
 from satgate_mcp.upstream.stdio import StdioUpstream
 from tests.conftest import HttpUpstreamProcess, upstream_command
 
@@ -249,3 +252,52 @@ async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> 
         await modern_stdio.close()
     assert reply["error"]["message"] == "no elicitation here"
     assert unasked["error"]["data"]["error"] == "input_not_relayed"
+
+
+async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> None:
+    """The SDK's modern stdio loop sends list changes as plain notifications (it has no subscriptions/listen yet):
+    they reach the same listener as a 2025 upstream's."""
+    seen: list[str] = []
+    changed = asyncio.Event()
+
+    async def on_notification(method: str, params: JsonObj | None) -> None:
+        seen.append(method)
+        if method == "notifications/tools/list_changed":
+            changed.set()
+
+    upstream = _stdio("--modern-only")
+    await upstream.start(on_notification)
+    try:
+        assert await upstream.wait_ready(20)
+        changed.clear()
+        seen.clear()
+        await upstream.request("tools/call", {"name": "add_tool", "arguments": {"name": "fresh"}})
+        async with asyncio.timeout(10):
+            await changed.wait()
+        listed = await upstream.request("tools/list", None)
+    finally:
+        await upstream.close()
+    assert "fresh" in [t["name"] for t in listed["result"]["tools"]]
+    assert "notifications/tools/list_changed" in seen
+
+
+async def test_a_pool_of_both_eras_merges_lists_and_sets_log_levels_only_where_the_method_exists() -> None:
+    specs: dict[str, StdioUpstreamSpec | HttpUpstreamSpec] = {
+        "old": StdioUpstreamSpec(transport="stdio", command=upstream_command("--name", "old"), timeout=10.0),
+        "new": StdioUpstreamSpec(transport="stdio", command=upstream_command("--name", "new", "--prefix", "n_",
+                                                                             "--modern-only"), timeout=10.0)}
+    pool = UpstreamPool(specs, publisher=RecordingPublisher(), metrics=Metrics(), start_timeout=20.0)
+    await pool.start()
+    try:
+        names = {t["name"] for t in pool.tools()}
+        assert {"echo", "n_echo", "n_mrtr_ask"} <= names
+        assert "mrtr_ask" not in names
+        prompts = (await pool.listing("prompts"))["prompts"]
+        assert {"greet", "n_greet"} <= {p["name"] for p in prompts}
+        reply = await pool.call_tool({"name": "n_echo", "arguments": {"text": "modern"}})
+        assert reply["result"]["content"][0]["text"] == "modern"
+        with structlog.testing.capture_logs() as logs:
+            await pool.set_log_level("info")
+        assert [e for e in logs if e["event"] == "upstream_set_log_level_failed"] == []
+    finally:
+        await pool.close()
