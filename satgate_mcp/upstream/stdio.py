@@ -15,7 +15,7 @@ import signal
 from typing import Any
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamTimeout
+from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -65,6 +65,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._proc: asyncio.subprocess.Process | None = None
         self._write_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
+        #: Set once a child showed it is a 2025 one by dying or staying silent on ``server/discover``.
+        self._skip_discover = False
         self.restarts = 0
 
     @property
@@ -182,11 +184,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
     async def _initialize(self) -> None:
         """``server/discover`` first (a 2026-07-28 child needs no handshake), else ``initialize`` as in 2025."""
         self._modern = False
-        try:
-            discovered = discovered_result(await self._roundtrip(
-                "server/discover", discover_params(), discover_timeout(self._spec.timeout), None))
-        except UpstreamTimeout:
-            discovered = None
+        discovered = await self._discover() if not self._skip_discover else None
         if discovered is not None:
             self._modern, self._init_result = True, discovered
             await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))
@@ -195,6 +193,21 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result
+
+    async def _discover(self) -> JsonObj | None:
+        """The modern result, or None for a 2025 child; a child that dies or stays silent is not asked again.
+
+        Some 2025 servers exit on any request before ``initialize``: asking each restart would never get one up.
+        """
+        try:
+            return discovered_result(await self._roundtrip(
+                "server/discover", discover_params(), discover_timeout(self._spec.timeout), None))
+        except UpstreamTimeout:
+            self._skip_discover = True
+            return None
+        except UpstreamUnavailable:
+            self._skip_discover = True
+            raise
 
     async def _stop_child(self, proc: asyncio.subprocess.Process) -> None:
         """EOF on stdin, then SIGTERM, then SIGKILL to the whole group; always reaped."""

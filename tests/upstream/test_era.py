@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -301,3 +302,35 @@ async def test_a_pool_of_both_eras_merges_lists_and_sets_log_levels_only_where_t
         assert [e for e in logs if e["event"] == "upstream_set_log_level_failed"] == []
     finally:
         await pool.close()
+
+
+#: A 2025 server that exits on any request before ``initialize`` (some do): then answers initialize and lists.
+STRICT_2025 = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"protocolVersion": "2025-06-18",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "strict", "version": "1"}}}), flush=True)
+    elif "id" not in msg:
+        continue
+    elif msg.get("method") == "tools/list":
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": []}}), flush=True)
+    else:
+        sys.exit(1)
+"""
+
+
+async def test_a_2025_child_that_dies_on_discover_is_started_again_with_initialize_only() -> None:
+    spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", STRICT_2025], timeout=10.0)
+    upstream = StdioUpstream("strict", spec, publisher=RecordingPublisher(), metrics=Metrics(),
+                             restart_policy=wire.RestartPolicy(base=0.01))
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is False
+        assert upstream.restarts == 1
+        assert (upstream.initialize_result or {})["serverInfo"]["name"] == "strict"
+        assert (await upstream.request("tools/list", None))["result"] == {"tools": []}
+    finally:
+        await upstream.close()
