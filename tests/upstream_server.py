@@ -669,7 +669,8 @@ async def run_stdio(state: State) -> None:
     """One era only, as most deployed servers: 2025 (the handshake) unless ``--modern-only`` (2026-07-28).
 
     The SDK's own loop would serve whichever era the client opens with; the gateway opens with
-    ``server/discover``, so the tests of 2025 upstreams pin this server to the handshake.
+    ``server/discover``, so the tests of 2025 upstreams pin this server to the handshake. ``--conformance``
+    keeps the SDK's loop: the suite runs both revisions straight at this server.
     """
     from mcp.server.runner import _serve_legacy_stream, _serve_modern_stream
     from mcp.server.stdio import stdio_server
@@ -677,6 +678,10 @@ async def run_stdio(state: State) -> None:
     server = build_server(state)
     options = server.create_initialization_options()
     print(f"{state.name}: stdio server starting", file=sys.stderr, flush=True)
+    if state.conformance is not None:  # both revisions, as the SDK serves them (the era the client opens with)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, options)
+        return
     async with stdio_server() as (read_stream, write_stream), server.lifespan(server) as lifespan_state:
         try:
             if state.modern_only:
@@ -710,7 +715,9 @@ async def run_http(state: State, host: str, port: int, json_response: bool) -> N
     server = build_server(state)
     # The conformance block resumes streams (test_reconnection), which needs an event store.
     resumable: JsonObj = {"event_store": ConformanceEventStore(), "retry_interval": 100} if state.conformance else {}
-    app = era_gate(server.streamable_http_app(host=host, json_response=json_response, **resumable), state.modern_only)
+    app = server.streamable_http_app(host=host, json_response=json_response, **resumable)
+    if state.conformance is None:  # the suite runs both revisions straight at this server: it serves both
+        app = era_gate(app, state.modern_only)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     web = uvicorn.Server(config)
     serving = asyncio.create_task(web.serve())

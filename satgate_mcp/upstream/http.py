@@ -221,7 +221,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             self._listener.cancel()
         self._session_id = self._protocol_version = None
         self._modern = False
-        if await self._discover():
+        if self._spec.protocol == "auto" and await self._discover():
             self._became_ready(reason, None)
             return
         message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())

@@ -184,7 +184,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
     async def _initialize(self) -> None:
         """``server/discover`` first (a 2026-07-28 child needs no handshake), else ``initialize`` as in 2025."""
         self._modern = False
-        discovered = await self._discover() if not self._skip_discover else None
+        asks = self._spec.protocol == "auto" and not self._skip_discover
+        discovered = await self._discover() if asks else None
         if discovered is not None:
             self._modern, self._init_result = True, discovered
             await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))

@@ -334,3 +334,22 @@ async def test_a_2025_child_that_dies_on_discover_is_started_again_with_initiali
         assert (await upstream.request("tools/list", None))["result"] == {"tools": []}
     finally:
         await upstream.close()
+
+
+@pytest.mark.parametrize(("protocol", "modern"), [
+    pytest.param("auto", True, id="auto-discovers"),
+    pytest.param("2025", False, id="pinned-to-the-handshake"),
+])
+async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, modern: bool) -> None:
+    """``--conformance`` serves both revisions (the SDK's own loop): ``protocol`` decides which the gateway uses."""
+    spec = StdioUpstreamSpec.model_validate({"transport": "stdio", "command": upstream_command("--conformance"),
+                                             "timeout": 10.0, "protocol": protocol})
+    upstream = StdioUpstream("dual", spec, publisher=RecordingPublisher(), metrics=Metrics())
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "both"}})
+        assert reply["result"]["content"][0]["text"] == "both"
+    finally:
+        await upstream.close()
