@@ -36,6 +36,11 @@ def _only_shared(value: str) -> str:
     return value
 
 
+#: Which revision the gateway may speak to an upstream. ``2025`` keeps a dual-revision server on the handshake,
+#: where server-to-client requests mid-call, ``logging/setLevel`` and resource subscriptions still exist.
+UpstreamProtocol = Literal["auto", "2025"]
+
+
 class StdioUpstreamSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,6 +50,8 @@ class StdioUpstreamSpec(BaseModel):
     cwd: str | None = None
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
+    #: ``auto``: 2026-07-28 when ``server/discover`` says so, else 2025; ``2025``: never asked, ``initialize`` only.
+    protocol: UpstreamProtocol = "auto"
     #: Who shares one child: everyone (``shared``), a verified token id, or a client session.
     isolation: Isolation = "shared"
     max_instances: int = Field(default=100, ge=1)
@@ -63,6 +70,8 @@ class HttpUpstreamSpec(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
+    #: ``auto``: 2026-07-28 when ``server/discover`` says so, else 2025; ``2025``: never asked, ``initialize`` only.
+    protocol: UpstreamProtocol = "auto"
     isolation: Isolation = "shared"
     max_instances: int = Field(default=100, ge=1)
 

@@ -267,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Checks] = {}
     with http_upstream(work / "upstream.log") as upstream:
         results[DIRECT] = run_suite(bin_dir, upstream.url, work / DIRECT, work / "direct.log", spec_version)
-        stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio")}
-        http: dict[str, Any] = {"transport": "http", "url": upstream.url}
+        # The suite's server serves both revisions and its 2025 scenarios ask the client mid-call, log and
+        # subscribe: the gateway keeps it on the handshake, as before upstreams were discovered.
+        stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio"), "protocol": "2025"}
+        http: dict[str, Any] = {"transport": "http", "url": upstream.url, "protocol": "2025"}
         for target, spec in zip(GATEWAY_TARGETS, (stdio, http), strict=True):
             with gateway(spec, work, work / f"{target}-serve.log") as gw:
                 results[target] = run_suite(bin_dir, gw.url, work / target, work / f"{target}.log", spec_version)

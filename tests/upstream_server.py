@@ -78,6 +78,23 @@ RELAY_TOOLS: dict[str, JsonObj] = {
     "relay_log_level": _schema(),
 }
 RELAY_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# --- --modern-only: a 2026-07-28 server that knows no handshake (issue 12, upstream side) ----------------------
+#: ``mrtr_ask`` answers its first call input_required (an elicitation and a requestState), its retry with the answer.
+MODERN_TOOLS: dict[str, JsonObj] = {"mrtr_ask": {"type": "object", "properties": {"question": {"type": "string"}}}}
+
+
+def mrtr_ask(question: str, responses: Mapping[str, Any] | None, request_state: str | None) -> JsonObj:
+    """The round's result: input_required until the retry echoes this server's state with an answer."""
+    expected = f"upstream-state:{question}"
+    answer = (responses or {}).get("ask")
+    if answer is None or request_state != expected:
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        return {"resultType": "input_required", "requestState": expected, "inputRequests": {"ask": {
+            "method": "elicitation/create", "params": {"mode": "form", "message": question,
+                                                       "requestedSchema": schema}}}}
+    dumped = answer.model_dump(by_alias=True, exclude_none=True) if hasattr(answer, "model_dump") else answer
+    return _text(json.dumps({"action": dumped.get("action"), "content": dumped.get("content")}, sort_keys=True))
 BASE_TOOLS.update(RELAY_TOOLS)
 
 
@@ -169,12 +186,13 @@ class State:
     hang_interrupted: int = 0
     log_level: str | None = None
     conformance: ConformanceState | None = None  # set by --conformance
+    modern_only: bool = False  # set by --modern-only
 
     def tool_defs(self) -> list[JsonObj]:
         out = []
         for full in self.tools:
             base = full.removeprefix(self.prefix)
-            schema = BASE_TOOLS.get(base, _schema())
+            schema = BASE_TOOLS.get(base) or MODERN_TOOLS.get(base) or _schema()
             out.append({"name": full, "description": f"{base} on {self.name}", "inputSchema": schema})
         return out
 
@@ -484,7 +502,14 @@ def build_server(state: State) -> Server[Any]:
         page = _page(defs, params.cursor if params else None, state.page_size, "tools")
         return types.ListToolsResult.model_validate(page)
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: ServerRequestContext[Any],
+                        params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
+        if state.modern_only and params.name == f"{state.prefix}mrtr_ask":
+            question = str((params.arguments or {}).get("question", "?"))
+            found = mrtr_ask(question, params.input_responses, params.request_state)
+            if found.get("resultType") == "input_required":
+                return types.InputRequiredResult.model_validate(found)
+            return types.CallToolResult.model_validate(found)
         return types.CallToolResult.model_validate(await run_tool(ctx, params))
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
@@ -641,13 +666,47 @@ def build_server(state: State) -> Server[Any]:
 
 
 async def run_stdio(state: State) -> None:
+    """One era only, as most deployed servers: 2025 (the handshake) unless ``--modern-only`` (2026-07-28).
+
+    The SDK's own loop would serve whichever era the client opens with; the gateway opens with
+    ``server/discover``, so the tests of 2025 upstreams pin this server to the handshake. ``--conformance``
+    keeps the SDK's loop: the suite runs both revisions straight at this server.
+    """
+    from mcp.server.runner import _serve_legacy_stream, _serve_modern_stream
     from mcp.server.stdio import stdio_server
 
     server = build_server(state)
     options = server.create_initialization_options()
     print(f"{state.name}: stdio server starting", file=sys.stderr, flush=True)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, options)
+    if state.conformance is not None:  # both revisions, as the SDK serves them (the era the client opens with)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, options)
+        return
+    async with stdio_server() as (read_stream, write_stream), server.lifespan(server) as lifespan_state:
+        try:
+            if state.modern_only:
+                await _serve_modern_stream(server, read_stream, write_stream, lifespan_state=lifespan_state,
+                                           raise_exceptions=False)
+            else:
+                await _serve_legacy_stream(server, read_stream, write_stream, lifespan_state=lifespan_state,
+                                           session_id=None, init_options=options, raise_exceptions=False)
+        finally:
+            await write_stream.aclose()
+
+
+def era_gate(app: Any, modern_only: bool) -> Any:
+    """The ASGI app serving one era only: the other era's requests are answered 404 as by a server that lacks it."""
+
+    async def gated(scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http":
+            version = dict(scope.get("headers") or []).get(b"mcp-protocol-version", b"").decode("latin-1")
+            if (version == "2026-07-28") != modern_only:
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        await app(scope, receive, send)
+
+    return gated
 
 
 async def run_http(state: State, host: str, port: int, json_response: bool) -> None:
@@ -657,6 +716,8 @@ async def run_http(state: State, host: str, port: int, json_response: bool) -> N
     # The conformance block resumes streams (test_reconnection), which needs an event store.
     resumable: JsonObj = {"event_store": ConformanceEventStore(), "retry_interval": 100} if state.conformance else {}
     app = server.streamable_http_app(host=host, json_response=json_response, **resumable)
+    if state.conformance is None:  # the suite runs both revisions straight at this server: it serves both
+        app = era_gate(app, state.modern_only)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     web = uvicorn.Server(config)
     serving = asyncio.create_task(web.serve())
@@ -681,6 +742,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
+    parser.add_argument("--modern-only", action="store_true",
+                        help="speak 2026-07-28 only (no initialize) and add the mrtr_ask tool")
     return parser.parse_args(argv)
 
 
@@ -688,8 +751,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     page_size = args.page_size if args.page_size is not None else (10 if args.many_tools else 0)
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
-                  conformance=ConformanceState() if args.conformance else None)
+                  conformance=ConformanceState() if args.conformance else None, modern_only=args.modern_only)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
+    state.tools += [args.prefix + t for t in MODERN_TOOLS] if args.modern_only else []
     if args.mode == "stdio":
         asyncio.run(run_stdio(state))
     else:

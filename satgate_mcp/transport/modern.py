@@ -23,8 +23,10 @@ from satgate_mcp.transport.callstream import SSE_HEADERS, CallStream
 from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.listen import Listeners
 from satgate_mcp.transport.modern_rules import META_LOG_LEVEL, meta_of
+from satgate_mcp.transport.relay import Emit
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.transport.stream import SHUTTING_DOWN
+from satgate_mcp.upstream.base import Resume
 
 #: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
 DISCONNECT_POLL_SECONDS = 0.25
@@ -141,8 +143,10 @@ class ModernTransport:
 
     async def _run(self, request: web.Request, principal: Principal, message: jsonrpc.Request,
                    meta: dict[str, object]) -> web.StreamResponse:
-        """One round of the call: a new call, or the retry of one waiting for its client's input (MRTR)."""
-        level = meta.get(META_LOG_LEVEL)
+        """One round of the call: a new call, or the retry of one waiting for its client's input (MRTR).
+
+        A retry whose state carries a modern upstream's runs the call anew there; one naming a flow answers it.
+        """
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
 
@@ -157,21 +161,39 @@ class ModernTransport:
                 return refusal_answer(_state_refused(f"{message.method} takes no inputResponses or requestState"),
                                       message.id)
             try:
-                flow = self._flows.resume(params.get("requestState"), holder=holder, digest=digest)
+                resume = self._flows.carried(params.get("requestState"), params.get("inputResponses"),
+                                             holder=holder, digest=digest)
+                waiting = None if resume is not None else self._flows.resume(
+                    params.get("requestState"), holder=holder, digest=digest)
             except mrtr.StateRefused as exc:
                 return refusal_answer(_state_refused(str(exc)), message.id)
-            flow.emit, flow.streaming = emit, streams
-            if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
-                return await self._ask(flow, stream, streams, message)
+            if waiting is None:  # a modern upstream's call: it goes on there, from the sealed state alone
+                flow = self._start(principal, message, meta, emit, streams, resume)
+            else:
+                flow = waiting
+                flow.emit, flow.streaming = emit, streams
+                if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
+                    return await self._ask(flow, stream, streams, message)
         else:
-            declared = meta.get(modern_rules.META_CAPABILITIES)
-            flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
-                             level if isinstance(level, str) else None, emit)
-            flow.streaming = streams
-            relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}")
-            call = jsonrpc.Request(message.id, message.method, modern_rules.without_protocol_meta(message.params))
-            flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
+            flow = self._start(principal, message, meta, emit, streams, None)
         return await self._round(request, flow, stream, streams, message)
+
+    def _start(self, principal: Principal, message: jsonrpc.Request, meta: dict[str, object], emit: Emit,
+               streams: bool, resume: Resume | None) -> mrtr.Flow:
+        """Run the call (a new one, or the retry of a modern upstream's) as this round's flow."""
+        level = meta.get(META_LOG_LEVEL)
+        declared = meta.get(modern_rules.META_CAPABILITIES)
+        flow = mrtr.Flow(token_hash(principal.token), mrtr.request_digest(message.method, message.params),
+                         dict(declared) if isinstance(declared, dict) else {},
+                         level if isinstance(level, str) else None, emit)
+        flow.streaming = streams
+        relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
+        params = modern_rules.without_protocol_meta(message.params)
+        if params is not None and resume is not None:
+            params = {k: v for k, v in params.items() if k not in ("inputResponses", "requestState")}
+        call = jsonrpc.Request(message.id, message.method, params)
+        flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
+        return flow
 
     async def _ask(self, flow: mrtr.Flow, stream: CallStream, streams: bool,
                    message: jsonrpc.Request) -> web.StreamResponse:
@@ -184,6 +206,20 @@ class ModernTransport:
         reply = jsonrpc.result_response(message.id, self._complete(
             message.method, mrtr.input_required(list(flow.pending.values()), state)))
         return await stream.finish(reply) if streams else json_answer(reply)
+
+    def _carried(self, flow: mrtr.Flow, reply: JsonObj) -> JsonObj | Refusal:
+        """A modern upstream's ``input_required`` with its state sealed into the gateway's; other replies as they are.
+
+        Only what the client declared may be asked of it: else -32021, as for a 2025 upstream's requests.
+        """
+        result = reply.get("result")
+        if flow.carried_from is None or not isinstance(result, dict) or result.get("resultType") != "input_required":
+            return reply
+        lacking = mrtr.missing_capability(result, flow.capabilities)
+        if lacking is not None:
+            return _lacks(lacking)
+        state = self._flows.seal_carried(flow, flow.carried_from, result.get("requestState"))
+        return {**reply, "result": mrtr.carried_result(result, state)}
 
     async def _round(self, request: web.Request, flow: mrtr.Flow, stream: CallStream, streams: bool,
                      message: jsonrpc.Request) -> web.StreamResponse:
@@ -214,19 +250,25 @@ class ModernTransport:
         if outcome.missing_capability is not None:
             self._flows.done(flow)
             flow.cancel("the client lacks a capability the call needs")
-            capability = outcome.missing_capability
-            return refusal_answer(modern_rules.modern_error(
-                400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
-                f"This call needs the client capability {capability!r}, which the request did not declare",
-                {"requiredCapabilities": {capability: {}}}), message.id)
+            return refusal_answer(_lacks(outcome.missing_capability), message.id)
         if outcome.asks:
             return await self._ask(flow, stream, streams, message)
         self._flows.done(flow)
         assert outcome.reply is not None
-        reply, status = self._shaped(message.method, jsonrpc.with_id(outcome.reply, message.id))
+        carried = self._carried(flow, outcome.reply)
+        if isinstance(carried, Refusal):
+            return refusal_answer(carried, message.id)
+        reply, status = self._shaped(message.method, jsonrpc.with_id(carried, message.id))
         if not streams or status != 200:
             return json_answer(reply, status, headers=rules.reply_status(reply)[1])
         return await stream.finish(reply)
+
+
+def _lacks(capability: str) -> Refusal:
+    return modern_rules.modern_error(
+        400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
+        f"This call needs the client capability {capability!r}, which the request did not declare",
+        {"requiredCapabilities": {capability: {}}})
 
 
 def _state_refused(why: str) -> Refusal:

@@ -13,6 +13,12 @@ someone else's flow and a tampered state is refused. The keys come from ``SATGAT
 mode) or ``SATGATE_STATE_KEY`` (several, comma separated: the first seals, all open, so keys rotate),
 else one per process. The waiting call itself lives in this process: a retry that reaches another one,
 or comes after the flow expired, gets a clear error telling the client to issue the call again.
+
+A 2026-07-28 upstream answers ``input_required`` itself, and nothing waits: its result goes to the client as
+it is, the upstream's own ``requestState`` carried (with the upstream's name) inside the gateway's sealed
+state instead of a flow id. Any process with the keys opens it on the retry and sends the call, with the
+client's ``inputResponses`` and the upstream's state, to that upstream again. The payload is signed, not
+encrypted: the client may read the upstream's state but not change it or use it for another token.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.transport.relay import NEEDS_CAPABILITY, Emit, log_message_passes, refused
+from satgate_mcp.upstream.base import Resume
 
 #: How long a flow waits for its client's retry before the upstream call is given up.
 FLOW_TTL_SECONDS = 300.0
@@ -41,6 +48,8 @@ MAX_FLOWS = 10_000
 #: Params of a retry that are not part of the original request.
 RETRY_FIELDS = frozenset({"_meta", "inputResponses", "requestState"})
 MRTR_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
+#: Longest requestState accepted: room for a modern upstream's own state inside the gateway's.
+MAX_STATE_CHARS = 16 * 1024
 _KEY_LABEL = b"satgate-mcp mrtr request state v1"
 
 log = structlog.get_logger("satgate_mcp.transport.mrtr")
@@ -76,16 +85,25 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def seal(keys: Sequence[bytes], *, flow: str, holder: str, digest: str, expires: float) -> str:
-    payload = json.dumps({"v": 1, "f": flow, "h": holder, "d": digest, "e": round(expires, 3)},
-                         separators=(",", ":")).encode("utf-8")
+def _seal_fields(keys: Sequence[bytes], fields: dict[str, object]) -> str:
+    payload = json.dumps({"v": 1, **fields}, separators=(",", ":")).encode("utf-8")
     mac = hmac.new(keys[0], payload, hashlib.sha256).digest()
     return f"{_b64(payload)}.{_b64(mac)}"
 
 
-def unseal(keys: Sequence[bytes], state: object, *, holder: str, digest: str, now: float) -> str:
-    """The flow id a valid state names; StateRefused for anything else."""
-    if not isinstance(state, str) or len(state) > 2048 or state.count(".") != 1:
+def seal(keys: Sequence[bytes], *, flow: str, holder: str, digest: str, expires: float) -> str:
+    return _seal_fields(keys, {"f": flow, "h": holder, "d": digest, "e": round(expires, 3)})
+
+
+def seal_carried(keys: Sequence[bytes], *, upstream: str, state: object, holder: str, digest: str,
+                 expires: float) -> str:
+    """A modern upstream's own ``requestState`` wrapped in the gateway's: any process with the keys continues it."""
+    return _seal_fields(keys, {"u": upstream, "s": state, "h": holder, "d": digest, "e": round(expires, 3)})
+
+
+def open_state(keys: Sequence[bytes], state: object, *, holder: str, digest: str, now: float) -> dict[str, object]:
+    """The fields of a valid state (a flow's ``f``, a carried upstream state's ``u`` and ``s``), else StateRefused."""
+    if not isinstance(state, str) or len(state) > MAX_STATE_CHARS or state.count(".") != 1:
         raise StateRefused("requestState is not one this gateway issued")
     encoded, mac_text = state.split(".")
     try:
@@ -95,13 +113,30 @@ def unseal(keys: Sequence[bytes], state: object, *, holder: str, digest: str, no
     if not any(hmac.compare_digest(hmac.new(k, payload, hashlib.sha256).digest(), mac) for k in keys):
         raise StateRefused("requestState does not verify")
     fields = json.loads(payload)
+    if not isinstance(fields, dict):
+        raise StateRefused("requestState is not one this gateway issued")
     if not hmac.compare_digest(str(fields.get("h")), holder):
         raise StateRefused("requestState belongs to another token")
     if fields.get("d") != digest:
         raise StateRefused("requestState belongs to another request (method or params differ)")
     if not isinstance(fields.get("e"), (int, float)) or now > fields["e"]:
         raise StateRefused("requestState has expired")
+    return fields
+
+
+def unseal(keys: Sequence[bytes], state: object, *, holder: str, digest: str, now: float) -> str:
+    """The flow id a valid state names; StateRefused for anything else."""
+    fields = open_state(keys, state, holder=holder, digest=digest, now=now)
+    if "f" not in fields:
+        raise StateRefused("requestState does not name a waiting call")
     return str(fields["f"])
+
+
+def carried_resume(fields: dict[str, object], responses: object) -> Resume | None:
+    """The retry of a modern upstream's call, when the opened state carries one (else it names a flow)."""
+    if not isinstance(fields.get("u"), str):
+        return None
+    return Resume(str(fields["u"]), fields.get("s"), dict(responses) if isinstance(responses, dict) else {})
 
 
 # --- flows: the waiting calls of this process -----------------------------------------------------------
@@ -150,6 +185,8 @@ class Flow:
         self.streaming = False
         #: Set once every check that can refuse the call passed: only then may a round's answer stream.
         self.admitted = asyncio.Event()
+        #: The modern upstream whose ``input_required`` this call answers with (its state is sealed for the retry).
+        self.carried_from: str | None = None
 
     def start(self, task: asyncio.Task[JsonObj]) -> None:
         self.task = task
@@ -230,6 +267,16 @@ class Flows:
                                "without inputResponses and requestState")
         return flow
 
+    def seal_carried(self, flow: Flow, upstream: str, state: object) -> str:
+        """The sealed state of a modern upstream's ``input_required``: nothing is kept in this process."""
+        return seal_carried(self._keys, upstream=upstream, state=state, holder=flow.holder, digest=flow.digest,
+                            expires=self._clock() + self._ttl)
+
+    def carried(self, state: object, responses: object, *, holder: str, digest: str) -> Resume | None:
+        """The retry of a modern upstream's call this state carries, None when it names a flow; StateRefused."""
+        return carried_resume(open_state(self._keys, state, holder=holder, digest=digest, now=self._clock()),
+                              responses)
+
     def done(self, flow: Flow) -> None:
         if self._waiting.pop(flow.id, None) is not None and flow.expiry is not None:
             flow.expiry.cancel()
@@ -250,10 +297,16 @@ class ModernRelay:
     """The ``Relay`` of a modern call: progress and (when asked for) log messages on its stream, and every
     upstream request turned into a round of the flow instead of a request to the client."""
 
-    def __init__(self, flow: Flow, session_key: str) -> None:
+    def __init__(self, flow: Flow, session_key: str, resume: Resume | None = None) -> None:
         self.session_key = session_key
         self._flow = flow
         self.admitted = flow.admitted
+        #: Set on the retry of a modern upstream's call: it goes to that upstream with its own state.
+        self.resume = resume
+
+    def carry(self, upstream: str, result: JsonObj) -> None:
+        """A modern upstream answered ``input_required``: it goes to the client as it is (state sealed)."""
+        self._flow.carried_from = upstream
 
     def admit(self) -> None:
         self.admitted.set()
@@ -282,6 +335,22 @@ class ModernRelay:
 
     def close(self) -> None:
         return None
+
+
+def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> str | None:
+    """The first capability a modern upstream's ``inputRequests`` need that the client did not declare."""
+    asked = result.get("inputRequests")
+    for request in (asked.values() if isinstance(asked, dict) else ()):
+        method = request.get("method") if isinstance(request, dict) else None
+        needed = NEEDS_CAPABILITY.get(method) if isinstance(method, str) else None
+        if needed is not None and needed not in capabilities:
+            return needed
+    return None
+
+
+def carried_result(result: JsonObj, state: str) -> JsonObj:
+    """The upstream's ``input_required`` for the client: its requests as they are, the state the gateway's."""
+    return {**result, "requestState": state}
 
 
 def input_required(asks: Sequence[Ask], state: str) -> JsonObj:

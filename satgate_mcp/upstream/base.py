@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from satgate_mcp.jsonrpc import JsonObj
@@ -46,6 +47,30 @@ class Relay(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A modern client's retry of a call a modern upstream answered ``input_required``: where it goes on."""
+
+    upstream: str
+    #: The upstream's own ``requestState`` (None when it gave none).
+    state: object
+    #: The client's ``inputResponses``, keyed as the upstream asked.
+    responses: JsonObj
+
+
+@runtime_checkable
+class InputCarrier(Protocol):
+    """The relay of a 2026 client: a modern upstream's ``input_required`` goes back to it, nothing waits here.
+
+    ``carry`` hears which upstream asked (the transport seals that with the upstream's state);
+    ``resume`` is set on the client's retry, so the upstream sees its own state and the answers.
+    """
+
+    resume: Resume | None
+
+    def carry(self, upstream: str, result: JsonObj) -> None: ...
+
+
 #: The handshake may take longer than a tool call's timeout: a cold child (node, python) needs seconds to start.
 MIN_INITIALIZE_TIMEOUT = 10.0
 
@@ -69,6 +94,11 @@ class Upstream(Protocol):
     @property
     def initialize_result(self) -> JsonObj | None:
         """The upstream's ``initialize`` result (capabilities, serverInfo), once initialized."""
+        ...
+
+    @property
+    def modern(self) -> bool:
+        """Whether it speaks 2026-07-28 (no session; ``_meta`` on every request, no ``logging/setLevel``)."""
         ...
 
     async def start(self, on_notification: NotificationCallback) -> None:

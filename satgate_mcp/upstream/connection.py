@@ -21,9 +21,18 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import ProgressCallback, event_within
+from satgate_mcp.upstream.base import InputCarrier, ProgressCallback, Relay, event_within
 from satgate_mcp.upstream.inbox import Inbox
-from satgate_mcp.upstream.wire import RestartPolicy, cancelled_params, clip, split_batch
+from satgate_mcp.upstream.wire import (
+    MAX_INPUT_ROUNDS,
+    RestartPolicy,
+    cancelled_params,
+    clip,
+    is_input_required,
+    retry_params,
+    split_batch,
+    with_modern_meta,
+)
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
 
@@ -55,6 +64,21 @@ def encode_message(message: JsonObj) -> bytes:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def moved_on_refusal(asked: str, here: str) -> JsonObj:
+    """A retry whose sealed state names another upstream than the one the call now routes to."""
+    return jsonrpc.error_response(None, jsonrpc.INVALID_PARAMS,
+                                  f"Invalid params: this requestState continues a call on upstream {asked!r}, but "
+                                  f"the request now goes to {here!r} (or that upstream no longer speaks 2026-07-28); "
+                                  "issue the call again without inputResponses and requestState",
+                                  {"error": "request_state_refused"})
+
+
+def input_refusal(upstream: str, why: str) -> JsonObj:
+    return jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,
+                                  f"upstream {upstream!r} asked for client input the gateway cannot give: {why}",
+                                  {"error": "input_not_relayed", "upstream": upstream})
+
+
 class UpstreamConnection(Generic[SpecT]):
     def __init__(
         self,
@@ -81,6 +105,12 @@ class UpstreamConnection(Generic[SpecT]):
         self._ready = asyncio.Event()
         self._closing = asyncio.Event()
         self._init_result: JsonObj | None = None
+        #: Whether the upstream speaks 2026-07-28 (found by ``server/discover``): no session, ``_meta`` on each request.
+        self._modern = False
+
+    @property
+    def modern(self) -> bool:
+        return self._modern
 
     @property
     def ready(self) -> bool:
@@ -102,7 +132,53 @@ class UpstreamConnection(Generic[SpecT]):
         timeout: float | None = None,
     ) -> JsonObj:
         """``Upstream.request``: within the caller's timeout, else the one configured for this upstream."""
-        return await self._request(method, params, self._spec.timeout if timeout is None else timeout, on_progress)
+        budget = self._spec.timeout if timeout is None else timeout
+        carrier = on_progress if isinstance(on_progress, InputCarrier) else None
+        resume = carrier.resume if carrier is not None else None
+        if resume is not None and (resume.upstream != self.name or not self._modern):
+            return moved_on_refusal(resume.upstream, self.name)
+        if not self._modern:
+            return await self._request(method, params, budget, on_progress)
+        params = with_modern_meta(params)
+        if resume is not None:
+            params = retry_params(params, resume.responses, resume.state)
+        reply = await self._request(method, params, budget, on_progress)
+        for _ in range(MAX_INPUT_ROUNDS):
+            if not is_input_required(reply):
+                return reply
+            result: JsonObj = reply["result"]
+            if carrier is not None:
+                carrier.carry(self.name, result)
+                return reply
+            if not isinstance(on_progress, Relay):
+                return input_refusal(self.name, "the call has no client that could be asked")
+            answers = await self._ask_client(on_progress, result)
+            if "error" in answers:
+                return answers
+            params = retry_params(params, answers["result"], result.get("requestState"))
+            reply = await self._request(method, params, budget, on_progress)
+        return reply if not is_input_required(reply) else input_refusal(
+            self.name, f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
+
+    async def _ask_client(self, relay: Relay, result: JsonObj) -> JsonObj:
+        """Put each of a modern upstream's ``inputRequests`` to the 2025 client as a real request.
+
+        ``{"result": inputResponses}``, or the first refusal or error the client gave, as the call's error.
+        """
+        asked = result.get("inputRequests")
+        answers: JsonObj = {}
+        for key, request in (asked.items() if isinstance(asked, dict) else ()):
+            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                return input_refusal(self.name, f"its inputRequests[{key!r}] is not a request")
+            params = request.get("params")
+            answer = await relay.ask(request["method"], params if isinstance(params, dict) else None,
+                                     self._spec.timeout)
+            if "error" in answer:
+                return jsonrpc.with_id({k: v for k, v in answer.items() if k != "result"}, None)
+            if not isinstance(answer.get("result"), dict):
+                return input_refusal(self.name, "the client's answer has no result")
+            answers[str(key)] = answer["result"]
+        return {"result": answers}
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,
                        on_progress: ProgressCallback | None) -> JsonObj:

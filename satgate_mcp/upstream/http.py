@@ -25,18 +25,25 @@ from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, in
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
+    MODERN_PROTOCOL_VERSION,
     RestartPolicy,
     SseDecoder,
     check_initialize_result,
     clip,
+    discover_params,
+    discover_timeout,
+    discovered_result,
     initialize_params,
+    listen_params,
+    modern_headers,
     restart_plan,
 )
 
 #: Largest JSON body accepted from an upstream.
 MAX_BODY = 64 * 1024 * 1024
 #: Headers the gateway sets itself; configured headers cannot replace them.
-PROTOCOL_HEADERS = frozenset({"accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"})
+PROTOCOL_HEADERS = frozenset({"accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id",
+                              "mcp-method", "mcp-name"})
 JSON_AND_SSE = "application/json, text/event-stream"
 
 
@@ -213,6 +220,10 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         if self._listener is not None:
             self._listener.cancel()
         self._session_id = self._protocol_version = None
+        self._modern = False
+        if self._spec.protocol == "auto" and await self._discover():
+            self._became_ready(reason, None)
+            return
         message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())
         try:
             async with asyncio.timeout(initialize_timeout(self._spec.timeout)):
@@ -230,6 +241,25 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         if status >= 400:
             self._log.warning("upstream_initialized_refused", status=status)
         self._init_result = result
+        self._became_ready(reason, session_id)
+
+    async def _discover(self) -> bool:
+        """Whether the upstream speaks 2026-07-28 (then it is ready, with no session); any failure means 2025."""
+        message = jsonrpc.request_message(next(self._ids), "server/discover", discover_params())
+        try:
+            async with asyncio.timeout(discover_timeout(self._spec.timeout)):
+                _, reply, _ = await self._post(message)
+        except (TimeoutError, UpstreamUnavailable) as exc:
+            self._log.debug("upstream_discover_failed", error=str(exc) or type(exc).__name__)
+            return False
+        found = discovered_result(reply)
+        if found is None:
+            return False
+        self._modern, self._init_result, self._protocol_version = True, found, MODERN_PROTOCOL_VERSION
+        return True
+
+    def _became_ready(self, reason: str, session_id: str | None) -> None:
+        result = self._init_result or {}
         self._ready.set()
         if self.handshakes:
             self._count_restart(reason=reason)
@@ -237,7 +267,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         self._log.info("upstream_ready", server=result.get("serverInfo"), protocol=self._protocol_version,
                        reason=reason, has_session=session_id is not None)
         if self._listen_enabled:
-            self._listener = asyncio.create_task(self._listen(session_id))
+            self._listener = asyncio.create_task(self._listen_modern() if self._modern else self._listen(session_id))
         self._inbox.notify(RELIST_NOTIFICATION, None)
 
     def _connection_lost(self, why: str) -> None:
@@ -273,14 +303,22 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             raise self._unavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
                                     status=status)
 
+    def _headers(self, message: JsonObj) -> dict[str, str]:
+        """A POST's headers: the session's in 2025; in 2026-07-28 (and for discovery) the routing ones, no session."""
+        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+                                  protocol_version=self._protocol_version, json_body=True)
+        if self._modern or message.get("method") == "server/discover":
+            headers.pop("Mcp-Session-Id", None)
+            headers.update(modern_headers(message))
+        return headers
+
     async def _post(self, message: JsonObj, route: str | None = None) -> tuple[int, JsonObj | None, str | None]:
         """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header).
 
         What the answer carries besides the reply belongs to the call ``route`` names.
         """
         assert self._http is not None
-        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
-                                  protocol_version=self._protocol_version, json_body=True)
+        headers = self._headers(message)
         want = message["id"]
         try:
             async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
@@ -303,8 +341,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""
         if self._http is None:
             raise UpstreamUnavailable(f"upstream {self.name!r} is not running")
-        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
-                                  protocol_version=self._protocol_version, json_body=True)
+        headers = self._headers(message)
         try:
             async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
                 await _read_limited(resp)
@@ -369,6 +406,29 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             except UpstreamUnavailable as exc:
                 self._log.warning("upstream_listen_failed", error=exc.message)
             # A stream that stayed open a while earns a quick reopen; one that keeps closing backs off.
+            delay, attempt = restart_plan(attempt, loop.time() - opened, self._policy)
+            await self._pause(delay)
+
+    async def _listen_modern(self) -> None:
+        """A modern upstream's list changes come on a ``subscriptions/listen`` stream; reopened when it ends."""
+        assert self._http is not None
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while not self._closing.is_set() and self._modern and self._ready.is_set():
+            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen", listen_params())
+            opened = loop.time()
+            try:
+                async with self._http.post(self._spec.url, data=encode_message(message),
+                                           headers=self._headers(message)) as resp:
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        self._log.info("upstream_no_listen_stream", status=resp.status)
+                        return
+                    await self._read_stream(resp, None)
+            except (aiohttp.ClientError, OSError) as exc:
+                self._connection_lost(str(exc) or type(exc).__name__)
+                return
+            except UpstreamUnavailable as exc:
+                self._log.warning("upstream_listen_failed", error=exc.message)
             delay, attempt = restart_plan(attempt, loop.time() - opened, self._policy)
             await self._pause(delay)
 

@@ -121,8 +121,12 @@ class UpstreamPool:
         return [dict(tool) for tool in self._catalog.tools]
 
     async def set_log_level(self, level: str) -> None:
-        """``logging/setLevel`` to every ready upstream that offers logging; one that fails is logged, not fatal."""
-        names = [n for n in self._order if self._upstreams[n].ready and self._offers(n, "logging")]
+        """``logging/setLevel`` to every ready 2025 upstream that offers logging; one that fails is logged, not fatal.
+
+        A 2026-07-28 upstream has no such method (a level travels in each request's ``_meta``): it is left out.
+        """
+        names = [n for n in self._order
+                 if self._upstreams[n].ready and not self._upstreams[n].modern and self._offers(n, "logging")]
         replies = await asyncio.gather(*(self._upstreams[n].request("logging/setLevel", {"level": level})
                                          for n in names), return_exceptions=True)
         for name, reply in zip(names, replies, strict=True):

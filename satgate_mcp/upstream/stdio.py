@@ -15,6 +15,7 @@ import signal
 from typing import Any
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -28,10 +29,16 @@ from satgate_mcp.upstream.wire import (
     child_env,
     clip,
     describe_exit,
+    discover_params,
+    discover_timeout,
+    discovered_result,
     initialize_params,
+    listen_params,
     restart_plan,
 )
 
+#: The id of the one ``subscriptions/listen`` request a modern child answers only when it ends (never reused).
+LISTEN_ID = "satgate-listen"
 #: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
 LINE_LIMIT = 32 * 1024 * 1024
 
@@ -58,6 +65,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._proc: asyncio.subprocess.Process | None = None
         self._write_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
+        #: Set once a child showed it is a 2025 one by dying or staying silent on ``server/discover``.
+        self._skip_discover = False
         self.restarts = 0
 
     @property
@@ -173,10 +182,33 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
 
     async def _initialize(self) -> None:
+        """``server/discover`` first (a 2026-07-28 child needs no handshake), else ``initialize`` as in 2025."""
+        self._modern = False
+        asks = self._spec.protocol == "auto" and not self._skip_discover
+        discovered = await self._discover() if asks else None
+        if discovered is not None:
+            self._modern, self._init_result = True, discovered
+            await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))
+            return
         reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout), None)
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result
+
+    async def _discover(self) -> JsonObj | None:
+        """The modern result, or None for a 2025 child; a child that dies or stays silent is not asked again.
+
+        Some 2025 servers exit on any request before ``initialize``: asking each restart would never get one up.
+        """
+        try:
+            return discovered_result(await self._roundtrip(
+                "server/discover", discover_params(), discover_timeout(self._spec.timeout), None))
+        except UpstreamTimeout:
+            self._skip_discover = True
+            return None
+        except UpstreamUnavailable:
+            self._skip_discover = True
+            raise
 
     async def _stop_child(self, proc: asyncio.subprocess.Process) -> None:
         """EOF on stdin, then SIGTERM, then SIGKILL to the whole group; always reaped."""

@@ -18,8 +18,21 @@ from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION
 
+#: The stateless revision: no handshake, every request carries its version and capabilities in ``_meta``.
+MODERN_PROTOCOL_VERSION = "2026-07-28"
 #: Revisions an upstream may answer ``initialize`` with; anything else is refused.
-KNOWN_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+KNOWN_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", MODERN_PROTOCOL_VERSION})
+
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+#: What a modern upstream may ask the gateway for (``inputRequests``): it bridges each to the caller's client.
+MODERN_CLIENT_CAPABILITIES: JsonObj = {"elicitation": {}, "sampling": {}, "roots": {}}
+#: Methods whose HTTP request names its target in ``Mcp-Name`` (the param that holds it).
+NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+#: Rounds of ``input_required`` the gateway answers for one call of a 2025 client before giving up.
+MAX_INPUT_ROUNDS = 10
 
 #: Variables a child inherits from the gateway; everything else (secrets included) stays out.
 INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
@@ -62,6 +75,88 @@ def check_initialize_result(reply: JsonObj) -> JsonObj:
     if not isinstance(result.get("capabilities", {}), dict):
         raise ValueError("initialize result has no capabilities object")
     return result
+
+
+def modern_meta() -> JsonObj:
+    """The per-request fields a modern upstream needs on every request (it keeps no session to remember them)."""
+    return {META_VERSION: MODERN_PROTOCOL_VERSION, META_CAPABILITIES: MODERN_CLIENT_CAPABILITIES,
+            META_CLIENT_INFO: {"name": SERVER_NAME, "version": __version__}}
+
+
+def with_modern_meta(params: JsonObj | None) -> JsonObj:
+    """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept)."""
+    params = params or {}
+    meta = params.get("_meta")
+    return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **modern_meta()}}
+
+
+def discover_params() -> JsonObj:
+    return {"_meta": modern_meta()}
+
+
+#: How long ``server/discover`` may take before the upstream is taken for a 2025 one (which may never answer it).
+DISCOVER_TIMEOUT = 5.0
+
+
+def discover_timeout(call_timeout: float) -> float:
+    return min(call_timeout, DISCOVER_TIMEOUT) if call_timeout > 0 else DISCOVER_TIMEOUT
+
+
+def listen_params() -> JsonObj:
+    """Every list change a modern upstream can announce: the pool re-lists on each, as on 2025 notifications."""
+    return with_modern_meta({"notifications": {"toolsListChanged": True, "promptsListChanged": True,
+                                               "resourcesListChanged": True}})
+
+
+def modern_headers(message: JsonObj) -> dict[str, str]:
+    """The routing headers of a modern HTTP request: version, method, and the target's name where it has one."""
+    method = str(message.get("method", ""))
+    headers = {"MCP-Protocol-Version": MODERN_PROTOCOL_VERSION, "Mcp-Method": method}
+    params = message.get("params")
+    key = NAMED_METHODS.get(method)
+    if key is not None and isinstance(params, dict) and isinstance(params.get(key), str):
+        headers["Mcp-Name"] = params[key]
+    return headers
+
+
+def discovered_result(reply: JsonObj | None) -> JsonObj | None:
+    """An ``initialize``-shaped result from a ``server/discover`` reply naming 2026-07-28, else None (use 2025).
+
+    The pool and catalog read capabilities, serverInfo and instructions from ``initialize_result``
+    whatever the era, so a modern upstream's are put in the same shape.
+    """
+    result = (reply or {}).get("result")
+    if not isinstance(result, dict):
+        return None
+    versions = result.get("supportedVersions")
+    if not isinstance(versions, list) or MODERN_PROTOCOL_VERSION not in versions:
+        return None
+    capabilities = result.get("capabilities")
+    meta = result.get("_meta")
+    server_info = result.get("serverInfo")
+    if not isinstance(server_info, dict) and isinstance(meta, dict):
+        server_info = meta.get(META_SERVER_INFO)
+    found: JsonObj = {"protocolVersion": MODERN_PROTOCOL_VERSION,
+                      "capabilities": capabilities if isinstance(capabilities, dict) else {},
+                      "serverInfo": server_info if isinstance(server_info, dict) else {}}
+    if isinstance(result.get("instructions"), str):
+        found["instructions"] = result["instructions"]
+    return found
+
+
+def is_input_required(reply: JsonObj) -> bool:
+    result = reply.get("result")
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
+
+
+def retry_params(params: JsonObj | None, responses: JsonObj, state: object) -> JsonObj:
+    """The params of an ``input_required`` retry: the original ones, the answers, the state echoed."""
+    out = {k: v for k, v in (params or {}).items() if k not in ("inputResponses", "requestState")}
+    if responses:
+        out["inputResponses"] = responses
+    if state is not None:
+        out["requestState"] = state
+    return out
 
 
 def rewrite_progress_token(params: JsonObj | None, token: str) -> tuple[JsonObj | None, Any]:

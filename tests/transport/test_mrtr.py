@@ -25,7 +25,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import mrtr
 from satgate_mcp.transport.mrtr import StateRefused, derive_keys, request_digest, seal, unseal
-from satgate_mcp.upstream.base import ProgressCallback, Relay
+from satgate_mcp.upstream.base import ProgressCallback, Relay, Resume
 from tests.fakes import AllowAllPolicy, FakePool
 
 KEY = "mrtr-tests-root-key-0123456789abcdefghijkl"
@@ -92,6 +92,53 @@ def test_keys_rotate_the_first_seals_every_one_opens() -> None:
     with pytest.raises(StateRefused):
         unseal(derive_keys(["second-secret"]), sealed(), holder="h-alice", digest=DIGEST, now=999.0)
 
+
+
+# --- a modern upstream's own state, carried inside the gateway's ------------------------------------------
+
+
+def carried(**overrides: Any) -> str:
+    fields: dict[str, Any] = {"upstream": "m", "state": "theirs", "holder": "h-alice", "digest": DIGEST,
+                              "expires": 1000.0, **overrides}
+    return mrtr.seal_carried(KEYS, **fields)
+
+
+def test_a_carried_state_opens_to_its_upstream_and_the_upstreams_state() -> None:
+    fields = mrtr.open_state(KEYS, carried(), holder="h-alice", digest=DIGEST, now=999.0)
+    resume = mrtr.carried_resume(fields, {"ask": {"action": "accept"}})
+    assert resume == Resume("m", "theirs", {"ask": {"action": "accept"}})
+    assert mrtr.carried_resume(mrtr.open_state(KEYS, sealed(), holder="h-alice", digest=DIGEST, now=1.0), {}) is None
+    with pytest.raises(StateRefused, match="does not name a waiting call"):
+        unseal(KEYS, carried(), holder="h-alice", digest=DIGEST, now=999.0)
+
+
+@pytest.mark.parametrize(("holder", "digest", "now", "why"), [
+    pytest.param("h-mallory", DIGEST, 999.0, "another token", id="another-token"),
+    pytest.param("h-alice", request_digest("tools/call", {"name": "other"}), 999.0, "another request",
+                 id="another-request"),
+    pytest.param("h-alice", DIGEST, 1000.5, "expired", id="expired"),
+])
+def test_attack_a_carried_state_for_someone_else_another_request_or_too_late_is_refused(
+        holder: str, digest: str, now: float, why: str) -> None:
+    with pytest.raises(StateRefused, match=why):
+        mrtr.open_state(KEYS, carried(), holder=holder, digest=digest, now=now)
+
+
+def test_attack_a_carried_state_pointed_at_another_upstream_does_not_verify() -> None:
+    payload, mac = carried().split(".")
+    other_payload = carried(upstream="n").split(".")[0]
+    with pytest.raises(StateRefused, match="does not verify"):
+        mrtr.open_state(KEYS, f"{other_payload}.{mac}", holder="h-alice", digest=DIGEST, now=1.0)
+    assert payload != other_payload
+
+
+def test_only_declared_inputs_may_be_asked_of_a_modern_client() -> None:
+    result = {"inputRequests": {"a": {"method": "elicitation/create"}, "b": {"method": "sampling/createMessage"}}}
+    assert mrtr.missing_capability(result, {"elicitation": {}, "sampling": {}}) is None
+    assert mrtr.missing_capability(result, {"elicitation": {}}) == "sampling"
+    assert mrtr.missing_capability({"requestState": "s"}, {}) is None
+    assert mrtr.carried_result({"resultType": "input_required", "requestState": "theirs"}, "ours") == {
+        "resultType": "input_required", "requestState": "ours"}
 
 # --- rounds over HTTP ---------------------------------------------------------------------------------
 

@@ -1,0 +1,157 @@
+"""A 2026-07-28-only upstream behind a real ``python -m satgate_mcp serve`` (issue 12, upstream side).
+
+The upstream (tests/upstream_server.py ``--modern-only``, the official SDK's modern loop over stdio) knows no
+``initialize``; the gateway discovers it and speaks to it statelessly. Its ``mrtr_ask`` tool answers
+``input_required`` (an elicitation and its own requestState) and completes on the retry. Every test runs
+with the upstream over stdio and over Streamable HTTP. A 2025 client is
+asked with a real request on its call's stream; a 2026 client gets the ``input_required`` with the
+upstream's state sealed in the gateway's, so a gateway SIGKILLed and restarted between the answer and
+the retry continues the call: nothing waited in memory. Another token's retry and a tampered state are
+refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import HttpUpstreamProcess, upstream_command
+from tests.gateway_process import GatewayProcess
+from tests.integration.test_mrtr_sdk import mint, modern_client, text_of
+
+ROOT_KEY = "e2e-modern-upstream-root-key-0123456789abcdef"
+CALL_TIMEOUT = 15.0
+MODERN = "2026-07-28"
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+
+
+@pytest.fixture(params=["stdio", "http"])
+async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
+    """The gateway in front of the 2026-only upstream, as a stdio child or as a Streamable HTTP server."""
+    args = ("--name", "m", "--modern-only")
+    server = HttpUpstreamProcess(*args).start() if request.param == "http" else None
+    spec = ({"transport": "http", "url": server.url} if server is not None
+            else {"transport": "stdio", "command": upstream_command(*args)})
+    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"m": spec})})
+    try:
+        gw.start()
+        await gw.wait_ready()
+        yield gw
+        await gw.kill()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    assert isinstance(params, types.ElicitRequestFormParams)
+    return types.ElicitResult(action="accept", content={"answer": f"re: {params.message}"})
+
+
+@contextlib.asynccontextmanager
+async def legacy_client(gw: GatewayProcess, token: str) -> AsyncIterator[ClientSession]:
+    """A 2025 SDK session that answers elicitations (the gateway relays them on the call's POST stream)."""
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    async with (http, streamable_http_client(f"{gw.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, elicitation_callback=elicit) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        yield session
+
+
+def answer_of(text: str) -> Any:
+    return json.loads(text)
+
+
+async def test_a_2025_client_lists_calls_and_answers_the_modern_upstreams_elicitation(gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "legacy-agent")
+    async with legacy_client(gateway, token) as session:
+        tools = {t.name for t in (await asyncio.wait_for(session.list_tools(), CALL_TIMEOUT)).tools}
+        assert {"echo", "mrtr_ask"} <= tools
+        echoed = await asyncio.wait_for(session.call_tool("echo", {"text": "hi"}), CALL_TIMEOUT)
+        assert isinstance(echoed.content[0], types.TextContent)
+        assert echoed.content[0].text == "hi"
+        asked = answer_of(await text_of(session.call_tool("mrtr_ask", {"question": "colour?"})))
+    assert asked == {"action": "accept", "content": {"answer": "re: colour?"}}
+    lines = [json.loads(line) for line in gateway.log_file.read_text().splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "upstream_ready" and line.get("upstream") == "m" for line in lines)
+
+
+async def test_a_2026_client_continues_the_flow_on_a_restarted_gateway(gateway: GatewayProcess) -> None:
+    """The key property: the state is sealed, so a new process with the same keys continues the call."""
+    token = await mint(gateway, "modern-agent")
+    restarted = asyncio.Event()
+
+    async def elicit_across_a_restart(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        if not restarted.is_set():
+            await gateway.kill()
+            gateway.start()
+            await gateway.wait_ready()
+            restarted.set()
+        return await elicit(context, params)
+
+    async with modern_client(gateway, token, elicitation_callback=elicit_across_a_restart) as client:
+        tools = {t.name for t in (await asyncio.wait_for(client.list_tools(), CALL_TIMEOUT)).tools}
+        assert "mrtr_ask" in tools
+        asked = answer_of(await text_of(client.call_tool("mrtr_ask", {"question": "after a restart?"})))
+    assert restarted.is_set()
+    assert asked == {"action": "accept", "content": {"answer": "re: after a restart?"}}
+
+
+async def _post(gw: GatewayProcess, token: str, body: dict[str, Any]) -> httpx2.Response:
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": MODERN, "Mcp-Method": body["method"], "Mcp-Name": body["params"]["name"]}
+    async with httpx2.AsyncClient(trust_env=False, timeout=CALL_TIMEOUT) as http:
+        return await http.post(f"{gw.url}/mcp", json=body, headers=headers)
+
+
+def _call(request_id: int, **extra: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"_meta": META, "name": "mrtr_ask", "arguments": {"question": "q"}, **extra}}
+
+
+def _json_of(response: httpx2.Response) -> Any:
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+async def test_another_tokens_retry_and_a_tampered_state_are_refused(gateway: GatewayProcess) -> None:
+    owner, other = await mint(gateway, "owner"), await mint(gateway, "intruder")
+    first = _json_of(await _post(gateway, owner, _call(1)))["result"]
+    assert first["resultType"] == "input_required"
+    assert first["inputRequests"]["ask"]["method"] == "elicitation/create"
+    state = first["requestState"]
+    assert "upstream-state" not in state  # the upstream's own state travels sealed, never as it is
+    answer = {"ask": {"action": "accept", "content": {"answer": "mine"}}}
+
+    stolen = _json_of(await _post(gateway, other, _call(2, inputResponses=answer, requestState=state)))
+    assert "another token" in stolen["error"]["message"]
+    payload, mac = state.split(".")
+    tampered = f"{payload[:-2]}{'A' if payload[-2] != 'A' else 'B'}{payload[-1]}.{mac}"
+    forged = _json_of(await _post(gateway, owner, _call(3, inputResponses=answer, requestState=tampered)))
+    assert forged["error"]["data"]["error"] == "request_state_refused"
+
+    done = _json_of(await _post(gateway, owner, _call(4, inputResponses=answer, requestState=state)))["result"]
+    assert answer_of(done["content"][0]["text"]) == {"action": "accept", "content": {"answer": "mine"}}
+
+
+async def test_a_2026_client_without_elicitation_gets_minus_32021(gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "plain")
+    body = _call(1)
+    body["params"]["_meta"] = {**META, "io.modelcontextprotocol/clientCapabilities": {}}
+    refused = _json_of(await _post(gateway, token, body))
+    assert refused["error"]["code"] == -32021
+    assert refused["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}

@@ -1,0 +1,355 @@
+"""Which era each upstream is spoken to in: ``server/discover`` first, ``initialize`` when that fails (issue 12)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+
+import pytest
+import structlog
+
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.upstream import wire
+from satgate_mcp.upstream.base import Resume
+from satgate_mcp.upstream.http import HttpUpstream
+from satgate_mcp.upstream.pool import UpstreamPool
+from satgate_mcp.upstream.stdio import StdioUpstream
+from tests.conftest import HttpUpstreamProcess, upstream_command
+
+MODERN = "2026-07-28"
+
+
+# --- pure decisions ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("reply", "modern"), [
+    pytest.param({"result": {"supportedVersions": [MODERN], "capabilities": {"tools": {}}}}, True, id="modern"),
+    pytest.param({"result": {"supportedVersions": ["2025-06-18", MODERN]}}, True, id="among-others"),
+    pytest.param({"result": {"supportedVersions": ["2027-01-01"]}}, False, id="other-version-only"),
+    pytest.param({"result": {"capabilities": {}}}, False, id="no-versions"),
+    pytest.param({"error": {"code": -32601, "message": "Method not found"}}, False, id="method-not-found"),
+    pytest.param({"error": {"code": -32600, "message": "not initialized"}}, False, id="legacy-refusal"),
+    pytest.param(None, False, id="no-reply"),
+])
+def test_discover_decides_the_era(reply: JsonObj | None, modern: bool) -> None:
+    assert (wire.discovered_result(reply) is not None) is modern
+
+
+def test_a_discover_result_is_shaped_like_an_initialize_result() -> None:
+    found = wire.discovered_result({"result": {
+        "supportedVersions": [MODERN], "capabilities": {"tools": {}, "prompts": {}}, "instructions": "hi",
+        "_meta": {wire.META_SERVER_INFO: {"name": "m", "version": "1"}}}})
+    assert found == {"protocolVersion": MODERN, "capabilities": {"tools": {}, "prompts": {}},
+                     "serverInfo": {"name": "m", "version": "1"}, "instructions": "hi"}
+    assert wire.check_initialize_result({"result": found}) is found
+
+
+def test_check_initialize_result_accepts_2026_and_still_refuses_unknown_revisions() -> None:
+    ok = {"protocolVersion": MODERN, "capabilities": {}}
+    assert wire.check_initialize_result({"result": ok}) == ok
+    with pytest.raises(ValueError, match="does not know"):
+        wire.check_initialize_result({"result": {"protocolVersion": "1999-01-01", "capabilities": {}}})
+
+
+def test_modern_meta_keeps_the_callers_fields() -> None:
+    params = wire.with_modern_meta({"name": "t", "_meta": {"progressToken": "p"}})
+    assert params["name"] == "t"
+    assert params["_meta"]["progressToken"] == "p"
+    assert params["_meta"][wire.META_VERSION] == MODERN
+    assert params["_meta"][wire.META_CAPABILITIES] == {"elicitation": {}, "sampling": {}, "roots": {}}
+    assert wire.with_modern_meta(None)["_meta"][wire.META_VERSION] == MODERN
+
+
+@pytest.mark.parametrize(("message", "name"), [
+    pytest.param({"method": "tools/call", "params": {"name": "echo"}}, "echo", id="tool"),
+    pytest.param({"method": "resources/read", "params": {"uri": "memo://x"}}, "memo://x", id="resource"),
+    pytest.param({"method": "prompts/get", "params": {"name": "greet"}}, "greet", id="prompt"),
+    pytest.param({"method": "tools/list", "params": {"name": "ignored"}}, None, id="unnamed-method"),
+])
+def test_modern_headers(message: JsonObj, name: str | None) -> None:
+    headers = wire.modern_headers(message)
+    assert headers["MCP-Protocol-Version"] == MODERN
+    assert headers["Mcp-Method"] == message["method"]
+    assert headers.get("Mcp-Name") == name
+
+
+def test_retry_params_replace_the_previous_rounds_answers() -> None:
+    params = {"name": "t", "inputResponses": {"old": {}}, "requestState": "old"}
+    assert wire.retry_params(params, {"a": {"x": 1}}, "s2") == {"name": "t", "inputResponses": {"a": {"x": 1}},
+                                                                "requestState": "s2"}
+    assert wire.retry_params(params, {}, None) == {"name": "t"}
+
+
+# --- real upstreams -------------------------------------------------------------------------------------------
+
+async def _noop(method: str, params: JsonObj | None) -> None:
+    return None
+
+
+def _stdio(*args: str) -> StdioUpstream:
+    spec = StdioUpstreamSpec(transport="stdio", command=upstream_command(*args), timeout=10.0)
+    return StdioUpstream("m", spec, publisher=RecordingPublisher(), metrics=Metrics())
+
+
+@pytest.mark.parametrize(("args", "modern"), [
+    pytest.param(("--modern-only",), True, id="2026-only"),
+    pytest.param((), False, id="2025-only"),
+])
+async def test_stdio_era(args: tuple[str, ...], modern: bool) -> None:
+    upstream = _stdio("--name", "alpha", *args)
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        result = upstream.initialize_result or {}
+        assert result["protocolVersion"] == (MODERN if modern else "2025-06-18")
+        assert result["serverInfo"]["name"] == "alpha"
+        assert "tools" in result["capabilities"]
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+        assert reply["result"]["content"][0]["text"] == "hi"
+        listed = await upstream.request("tools/list", None)
+        assert ("mrtr_ask" in [t["name"] for t in listed["result"]["tools"]]) is modern
+    finally:
+        await upstream.close()
+
+
+class FakeCarrier:
+    """A 2026 client's relay: takes a modern upstream's input_required as it is; ``resume`` continues one."""
+
+    session_key = "s"
+
+    def __init__(self, resume: Resume | None = None) -> None:
+        self.resume = resume
+        self.carried: list[tuple[str, JsonObj]] = []
+
+    async def __call__(self, params: JsonObj) -> None:
+        return None
+
+    def admit(self) -> None:
+        return None
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        return None
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        raise AssertionError("a modern upstream's input is carried, never asked")
+
+    def carry(self, upstream: str, result: JsonObj) -> None:
+        self.carried.append((upstream, result))
+
+
+async def test_a_2026_clients_relay_carries_input_required_and_resumes_it() -> None:
+    upstream = _stdio("--modern-only")
+    await upstream.start(_noop)
+    call = {"name": "mrtr_ask", "arguments": {"question": "q"}}
+    try:
+        assert await upstream.wait_ready(20)
+        carrier = FakeCarrier()
+        reply = await upstream.request("tools/call", call, on_progress=carrier)
+        answer = {"action": "accept", "content": {"answer": "a"}}
+        done = await upstream.request("tools/call", call, on_progress=FakeCarrier(
+            Resume("m", "upstream-state:q", {"ask": answer})))
+        elsewhere = await upstream.request("tools/call", call, on_progress=FakeCarrier(
+            Resume("other", "upstream-state:q", {"ask": answer})))
+    finally:
+        await upstream.close()
+    result = reply["result"]
+    assert result["resultType"] == "input_required"
+    assert result["requestState"] == "upstream-state:q"
+    assert result["inputRequests"]["ask"]["method"] == "elicitation/create"
+    assert carrier.carried == [("m", result)]
+    assert json.loads(done["result"]["content"][0]["text"]) == answer
+    assert elsewhere["error"]["data"]["error"] == "request_state_refused"
+
+
+@pytest.mark.parametrize(("args", "modern"), [
+    pytest.param(("--modern-only",), True, id="2026-only"),
+    pytest.param((), False, id="2025-only"),
+])
+async def test_http_era(http_upstream_factory: Callable[..., HttpUpstreamProcess], args: tuple[str, ...],
+                        modern: bool) -> None:
+    server = http_upstream_factory("--name", "web", *args)
+    spec = HttpUpstreamSpec(transport="http", url=server.url, timeout=10.0)
+    upstream = HttpUpstream("web", spec, publisher=RecordingPublisher(), metrics=Metrics())
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        assert (upstream.session_id is None) is modern
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+        assert reply["result"]["content"][0]["text"] == "hi"
+        headers = json.loads((await upstream.request("tools/call", {"name": "headers", "arguments": {}}))
+                             ["result"]["content"][0]["text"])
+        lowered = {k.lower(): v for k, v in headers.items()}
+        if modern:
+            assert lowered["mcp-method"] == "tools/call"
+            assert lowered["mcp-name"] == "headers"
+            assert lowered["mcp-protocol-version"] == MODERN
+            assert "mcp-session-id" not in lowered
+        else:
+            assert "mcp-method" not in lowered
+    finally:
+        await upstream.close()
+
+
+# --- input_required from a modern upstream, for a 2025 client: real requests, then the retry ----------------
+
+class FakeRelay:
+    """A 2025 client's relay: answers each relayed request from a script and remembers what it was asked."""
+
+    session_key = "s"
+
+    def __init__(self, answer: JsonObj) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, JsonObj | None]] = []
+
+    async def __call__(self, params: JsonObj) -> None:
+        return None
+
+    def admit(self) -> None:
+        return None
+
+    async def notify(self, method: str, params: JsonObj | None) -> None:
+        return None
+
+    async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        self.asked.append((method, params))
+        return self.answer
+
+
+@pytest.fixture
+async def modern_stdio() -> StdioUpstream:
+    upstream = _stdio("--modern-only")
+    await upstream.start(_noop)
+    assert await upstream.wait_ready(20)
+    return upstream
+
+
+async def test_a_2025_client_is_asked_and_the_call_retried_with_its_answer(modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept", "content": {"answer": "42"}}})
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "why?"}},
+                                           on_progress=relay)
+    finally:
+        await modern_stdio.close()
+    assert json.loads(reply["result"]["content"][0]["text"]) == {"action": "accept", "content": {"answer": "42"}}
+    [(method, params)] = relay.asked
+    assert method == "elicitation/create"
+    assert params is not None
+    assert params["message"] == "why?"
+
+
+async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "error": {"code": -32600, "message": "no elicitation here"}})
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}},
+                                           on_progress=relay)
+        unasked = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}})
+    finally:
+        await modern_stdio.close()
+    assert reply["error"]["message"] == "no elicitation here"
+    assert unasked["error"]["data"]["error"] == "input_not_relayed"
+
+
+async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> None:
+    """The SDK's modern stdio loop sends list changes as plain notifications (it has no subscriptions/listen yet):
+    they reach the same listener as a 2025 upstream's."""
+    seen: list[str] = []
+    changed = asyncio.Event()
+
+    async def on_notification(method: str, params: JsonObj | None) -> None:
+        seen.append(method)
+        if method == "notifications/tools/list_changed":
+            changed.set()
+
+    upstream = _stdio("--modern-only")
+    await upstream.start(on_notification)
+    try:
+        assert await upstream.wait_ready(20)
+        changed.clear()
+        seen.clear()
+        await upstream.request("tools/call", {"name": "add_tool", "arguments": {"name": "fresh"}})
+        async with asyncio.timeout(10):
+            await changed.wait()
+        listed = await upstream.request("tools/list", None)
+    finally:
+        await upstream.close()
+    assert "fresh" in [t["name"] for t in listed["result"]["tools"]]
+    assert "notifications/tools/list_changed" in seen
+
+
+async def test_a_pool_of_both_eras_merges_lists_and_sets_log_levels_only_where_the_method_exists() -> None:
+    specs: dict[str, StdioUpstreamSpec | HttpUpstreamSpec] = {
+        "old": StdioUpstreamSpec(transport="stdio", command=upstream_command("--name", "old"), timeout=10.0),
+        "new": StdioUpstreamSpec(transport="stdio", command=upstream_command("--name", "new", "--prefix", "n_",
+                                                                             "--modern-only"), timeout=10.0)}
+    pool = UpstreamPool(specs, publisher=RecordingPublisher(), metrics=Metrics(), start_timeout=20.0)
+    await pool.start()
+    try:
+        names = {t["name"] for t in pool.tools()}
+        assert {"echo", "n_echo", "n_mrtr_ask"} <= names
+        assert "mrtr_ask" not in names
+        prompts = (await pool.listing("prompts"))["prompts"]
+        assert {"greet", "n_greet"} <= {p["name"] for p in prompts}
+        reply = await pool.call_tool({"name": "n_echo", "arguments": {"text": "modern"}})
+        assert reply["result"]["content"][0]["text"] == "modern"
+        with structlog.testing.capture_logs() as logs:
+            await pool.set_log_level("info")
+        assert [e for e in logs if e["event"] == "upstream_set_log_level_failed"] == []
+    finally:
+        await pool.close()
+
+
+#: A 2025 server that exits on any request before ``initialize`` (some do): then answers initialize and lists.
+STRICT_2025 = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"protocolVersion": "2025-06-18",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "strict", "version": "1"}}}), flush=True)
+    elif "id" not in msg:
+        continue
+    elif msg.get("method") == "tools/list":
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": []}}), flush=True)
+    else:
+        sys.exit(1)
+"""
+
+
+async def test_a_2025_child_that_dies_on_discover_is_started_again_with_initialize_only() -> None:
+    spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", STRICT_2025], timeout=10.0)
+    upstream = StdioUpstream("strict", spec, publisher=RecordingPublisher(), metrics=Metrics(),
+                             restart_policy=wire.RestartPolicy(base=0.01))
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is False
+        assert upstream.restarts == 1
+        assert (upstream.initialize_result or {})["serverInfo"]["name"] == "strict"
+        assert (await upstream.request("tools/list", None))["result"] == {"tools": []}
+    finally:
+        await upstream.close()
+
+
+@pytest.mark.parametrize(("protocol", "modern"), [
+    pytest.param("auto", True, id="auto-discovers"),
+    pytest.param("2025", False, id="pinned-to-the-handshake"),
+])
+async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, modern: bool) -> None:
+    """``--conformance`` serves both revisions (the SDK's own loop): ``protocol`` decides which the gateway uses."""
+    spec = StdioUpstreamSpec.model_validate({"transport": "stdio", "command": upstream_command("--conformance"),
+                                             "timeout": 10.0, "protocol": protocol})
+    upstream = StdioUpstream("dual", spec, publisher=RecordingPublisher(), metrics=Metrics())
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is modern
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "both"}})
+        assert reply["result"]["content"][0]["text"] == "both"
+    finally:
+        await upstream.close()
