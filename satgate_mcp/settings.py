@@ -36,9 +36,12 @@ def _only_shared(value: str) -> str:
     return value
 
 
-#: Which revision the gateway may speak to an upstream. ``2025`` keeps a dual-revision server on the handshake,
-#: where server-to-client requests mid-call, ``logging/setLevel`` and resource subscriptions still exist.
-UpstreamProtocol = Literal["auto", "2025"]
+#: Which revision the gateway speaks to an upstream. ``auto``: ``initialize`` first, and 2026-07-28 (found by
+#: ``server/discover``) only when the handshake is refused, so a dual-revision server keeps what only the handshake
+#: has (server-to-client requests mid-call, ``logging/setLevel``, resource subscriptions) and a strict 2025 server
+#: never sees a request it may die of. ``2026``: ``server/discover`` first, the handshake only when that fails.
+#: ``2025``: the handshake only.
+UpstreamProtocol = Literal["auto", "2025", "2026"]
 
 
 class StdioUpstreamSpec(BaseModel):
@@ -50,7 +53,7 @@ class StdioUpstreamSpec(BaseModel):
     cwd: str | None = None
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
-    #: ``auto``: 2026-07-28 when ``server/discover`` says so, else 2025; ``2025``: never asked, ``initialize`` only.
+    #: ``auto``: the handshake, 2026-07-28 when it is refused; ``2026``: discover first; ``2025``: handshake only.
     protocol: UpstreamProtocol = "auto"
     #: Who shares one child: everyone (``shared``), a verified token id, or a client session.
     isolation: Isolation = "shared"
@@ -70,7 +73,7 @@ class HttpUpstreamSpec(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=30.0, gt=0)
     tool_prefix: str = ""
-    #: ``auto``: 2026-07-28 when ``server/discover`` says so, else 2025; ``2025``: never asked, ``initialize`` only.
+    #: ``auto``: the handshake, 2026-07-28 when it is refused; ``2026``: discover first; ``2025``: handshake only.
     protocol: UpstreamProtocol = "auto"
     isolation: Isolation = "shared"
     max_instances: int = Field(default=100, ge=1)

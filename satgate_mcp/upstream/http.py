@@ -221,13 +221,18 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             self._listener.cancel()
         self._session_id = self._protocol_version = None
         self._modern = False
-        if self._spec.protocol == "auto" and await self._discover():
+        protocol = self._spec.protocol
+        if protocol == "2026" and await self._discover():
             self._became_ready(reason, None)
             return
         message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())
         try:
             async with asyncio.timeout(initialize_timeout(self._spec.timeout)):
                 status, reply, session_id = await self._post(message)
+                # Refused: perhaps a 2026-07-28-only server (it answers initialize with 404 -32601).
+                if protocol == "auto" and (reply is None or "error" in reply) and await self._discover():
+                    self._became_ready(reason, None)
+                    return
                 if reply is None:
                     raise UpstreamUnavailable(f"upstream {self.name!r} {status_problem(status, had_session=False)}")
                 try:

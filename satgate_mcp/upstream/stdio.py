@@ -182,15 +182,21 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
 
     async def _initialize(self) -> None:
-        """``server/discover`` first (a 2026-07-28 child needs no handshake), else ``initialize`` as in 2025."""
+        """The era ``protocol`` asks for: the handshake first (``auto``), or ``server/discover`` first (``2026``)."""
         self._modern = False
-        asks = self._spec.protocol == "auto" and not self._skip_discover
-        discovered = await self._discover() if asks else None
+        protocol = self._spec.protocol
+        discovered = await self._discover() if protocol == "2026" and not self._skip_discover else None
+        if discovered is None:
+            reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout),
+                                          None)
+            if protocol == "auto" and "error" in reply:  # refused: perhaps a 2026-07-28-only child
+                discovered = await self._discover()
+                if discovered is None:
+                    check_initialize_result(reply)  # raises, naming the handshake's refusal
         if discovered is not None:
             self._modern, self._init_result = True, discovered
             await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))
             return
-        reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout), None)
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result

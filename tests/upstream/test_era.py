@@ -321,15 +321,20 @@ for line in sys.stdin:
 """
 
 
-async def test_a_2025_child_that_dies_on_discover_is_started_again_with_initialize_only() -> None:
-    spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", STRICT_2025], timeout=10.0)
+@pytest.mark.parametrize(("protocol", "restarts"), [
+    pytest.param("auto", 0, id="auto-never-sends-it-discover"),
+    pytest.param("2026", 1, id="2026-asks-once-then-initialize-only"),
+])
+async def test_a_strict_2025_child_that_dies_on_discover_comes_up(protocol: str, restarts: int) -> None:
+    spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", STRICT_2025], timeout=10.0,
+                             protocol=protocol)  # type: ignore[arg-type]
     upstream = StdioUpstream("strict", spec, publisher=RecordingPublisher(), metrics=Metrics(),
                              restart_policy=wire.RestartPolicy(base=0.01))
     await upstream.start(_noop)
     try:
         assert await upstream.wait_ready(20)
         assert upstream.modern is False
-        assert upstream.restarts == 1
+        assert upstream.restarts == restarts
         assert (upstream.initialize_result or {})["serverInfo"]["name"] == "strict"
         assert (await upstream.request("tools/list", None))["result"] == {"tools": []}
     finally:
@@ -337,7 +342,8 @@ async def test_a_2025_child_that_dies_on_discover_is_started_again_with_initiali
 
 
 @pytest.mark.parametrize(("protocol", "modern"), [
-    pytest.param("auto", True, id="auto-discovers"),
+    pytest.param("auto", False, id="auto-keeps-the-handshake-a-dual-server-accepts"),
+    pytest.param("2026", True, id="2026-discovers-first"),
     pytest.param("2025", False, id="pinned-to-the-handshake"),
 ])
 async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, modern: bool) -> None:
