@@ -16,6 +16,7 @@ from aiohttp import web
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import token_hash
+from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
 from satgate_mcp.transport import listen, modern_rules, mrtr, rules
@@ -55,6 +56,9 @@ class ModernTransport:
             return refusal_answer(SHUTTING_DOWN, message.id)
         flags, uris = asked
         edge = self._edge
+        # An open stream holds an in-flight slot like a call: one token cannot hold connections without bound.
+        if not edge.limiter.try_acquire(principal.quota_key):
+            return json_answer(too_many_in_flight(message.id))
         capabilities = edge.capabilities()
         lists = listen.honoured_lists(flags, capabilities)
         listener = self.listeners.open(message.id, listen.ListenFilter(lists))
@@ -68,6 +72,7 @@ class ModernTransport:
         finally:
             self.listeners.release(listener)
             edge.release_subscriptions(listener.key)
+            edge.limiter.release(principal.quota_key)
 
     async def _serve_listen(self, request: web.Request, listener: listen.Listener) -> web.StreamResponse:
         response = web.StreamResponse(headers=dict(SSE_HEADERS))
