@@ -14,15 +14,14 @@ resume grants nothing a fresh ``initialize`` with the same token would not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import redis.asyncio as redis
 import structlog
 
+from satgate_mcp.pubsub import ChannelFollower
+
 DEFAULT_PREFIX = "satgate:tomb:"
-RESYNC_INTERVAL_SECONDS = 0.5
-CLOSE_WAIT_SECONDS = 1.0
 
 log = structlog.get_logger("satgate_mcp.shared_tombstones")
 
@@ -34,21 +33,19 @@ class RedisTombstones:
                  on_remote_delete: Callable[[str], None] = lambda _: None,
                  on_error: Callable[[str], None] = lambda _: None) -> None:
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        self._subscriber = redis.Redis.from_url(url, socket_connect_timeout=timeout, health_check_interval=1)
         self._prefix = prefix
         self._channel = f"{prefix}events"
         self.on_remote_delete = on_remote_delete
         self._on_error = on_error
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._follower = ChannelFollower(url, self._channel, timeout=timeout, on_message=self._published,
+                                         lost_event="shared_tombstones_unfollowed")
         #: Set once the subscription is live (tests await it before a DELETE elsewhere).
-        self.following = asyncio.Event()
+        self.following = self._follower.following
         #: Set whenever a remote DELETE was applied here (tests await it).
         self.applied = asyncio.Event()
 
     def start(self) -> None:
-        if self._task is None and not self._closing:
-            self._task = asyncio.ensure_future(self._follow())
+        self._follower.start()
 
     async def mark(self, session_id: str, ttl: float) -> bool:
         """Write the tombstone and tell the others; False (logged, counted) when Redis could not take it."""
@@ -70,36 +67,10 @@ class RedisTombstones:
             log.info("shared_tombstone_unchecked", session_id=session_id, error=type(exc).__name__)
             return False
 
-    async def _follow(self) -> None:
-        while not self._closing:
-            pubsub = self._subscriber.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._channel)
-                self.following.set()
-                while not self._closing:
-                    message = await pubsub.get_message(timeout=RESYNC_INTERVAL_SECONDS)
-                    if message is not None and message.get("type") == "message":
-                        data = message["data"]
-                        self.on_remote_delete(data.decode("utf-8", "replace") if isinstance(data, bytes)
-                                              else str(data))
-                        self.applied.set()
-            except (redis.RedisError, OSError, TimeoutError) as exc:
-                if self.following.is_set():
-                    log.warning("shared_tombstones_unfollowed", error=type(exc).__name__)
-                self.following.clear()
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            if not self._closing:
-                await asyncio.sleep(RESYNC_INTERVAL_SECONDS)
+    def _published(self, session_id: str) -> None:
+        self.on_remote_delete(session_id)
+        self.applied.set()
 
     async def aclose(self) -> None:
-        """Bounded, like the revocation mirror: redis-py's ``get_message`` can swallow a cancellation."""
-        self._closing = True
-        task, self._task = self._task, None
-        with contextlib.suppress(Exception):
-            await self._subscriber.aclose()
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task], timeout=CLOSE_WAIT_SECONDS)
+        await self._follower.aclose()
         await self._redis.aclose()

@@ -32,10 +32,6 @@ TOKEN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/=|-]{0,127}")
 
 DEFAULT_CHECK_INTERVAL = 0.25
 DEFAULT_REDIS_KEY = "satgate:revoked"
-#: While Redis is down, the revocation mirror tries to re-sync this often.
-RESYNC_INTERVAL_SECONDS = 0.5
-#: The most closing a Redis revocation store waits for its subscriber to stop.
-CLOSE_WAIT_SECONDS = 1.0
 
 _log = structlog.get_logger(__name__)
 
@@ -209,30 +205,27 @@ class RedisRevocationStore:
     with the file, even if it is removed from Redis.
     """
 
-    def __init__(self, url: str, *, key: str = DEFAULT_REDIS_KEY, timeout: float = 0.5,
-                 resync_interval: float = RESYNC_INTERVAL_SECONDS) -> None:
+    def __init__(self, url: str, *, key: str = DEFAULT_REDIS_KEY, timeout: float = 0.5) -> None:
         import redis.asyncio as aioredis  # optional dependency: only needed when configured
+
+        from satgate_mcp.pubsub import ChannelFollower
 
         # A paused or unreachable Redis must fail a command within the timeout, never hang the request.
         self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
                                                              socket_connect_timeout=timeout)
-        # The subscriber waits for messages: no read timeout, a health-check ping instead.
-        self._subscriber: redis.asyncio.Redis = aioredis.from_url(url, socket_connect_timeout=timeout,
-                                                                  health_check_interval=1)
         self._key = key
         self._channel = f"{key}:events"
-        self._resync_interval = resync_interval
         self._revoked: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._follower = ChannelFollower(url, self._channel, timeout=timeout, on_message=self._published,
+                                         on_subscribed=self._load, lost_event="revocation_sync_lost")
         #: Set once the mirror holds the whole set; cleared while the subscription is down.
-        self.synced = asyncio.Event()
+        self.synced = self._follower.following
         #: Set whenever a published revocation reached the mirror (tests await it).
         self.changed = asyncio.Event()
         self._ever_synced = False
-        self._closing = False
 
     async def is_revoked(self, token_id: str) -> bool:
-        self._start()
+        self._follower.start()
         if token_id in self._revoked:
             return True
         if self._ever_synced:  # the mirror is the answer, also while Redis is down
@@ -248,51 +241,20 @@ class RedisRevocationStore:
         await self._redis.publish(self._channel, token_id)
         self._revoked.add(token_id)
 
-    def _start(self) -> None:
-        if self._task is None and not self._closing:
-            self._task = asyncio.ensure_future(self._follow())
+    async def _load(self) -> None:
+        """Once subscribed (so nothing published meanwhile is missed): the whole set."""
+        from satgate_mcp.pubsub import text_of
 
-    async def _follow(self) -> None:
-        """Subscribe, load the set, then apply what is published; after any fault, start over."""
-        import redis.exceptions
+        self._revoked.update(text_of(m) for m in await self._redis.smembers(self._key))
+        self._ever_synced = True
 
-        while not self._closing:
-            pubsub = self._subscriber.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._channel)  # first, so nothing published meanwhile is missed
-                members = await self._redis.smembers(self._key)
-                self._revoked.update(_text(m) for m in members)
-                self._ever_synced = True
-                self.synced.set()
-                while not self._closing:
-                    message = await pubsub.get_message(timeout=self._resync_interval)
-                    if message is not None and message.get("type") == "message":
-                        self._revoked.add(_text(message["data"]))
-                        self.changed.set()
-            except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
-                if self.synced.is_set():
-                    _log.warning("revocation_sync_lost", error=type(exc).__name__)
-                self.synced.clear()
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(self._resync_interval)  # probed again at least this often while Redis is down
+    def _published(self, token_id: str) -> None:
+        self._revoked.add(token_id)
+        self.changed.set()
 
     async def aclose(self) -> None:
-        """Stop following. redis-py's ``get_message`` can swallow a cancellation, so the loop is told to stop
-        and its connection is closed under it; the wait for it is bounded either way."""
-        self._closing = True
-        task, self._task = self._task, None
-        with contextlib.suppress(Exception):
-            await self._subscriber.aclose()
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task], timeout=CLOSE_WAIT_SECONDS)
+        await self._follower.aclose()
         await self._redis.aclose()
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class UnionRevocationStore:
