@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -390,43 +391,45 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
     async def _listen(self, session_id: str | None) -> None:
         """The GET stream: notifications and requests the upstream sends outside any call."""
         assert self._http is not None
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while not self._closing.is_set() and self._session_id == session_id and self._ready.is_set():
+        http = self._http
+
+        def open_stream() -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
             headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=session_id,
                                       protocol_version=self._protocol_version, json_body=False)
-            opened = loop.time()
-            try:
-                async with self._http.get(self._spec.url, headers=headers) as resp:
-                    if resp.status == 404 and session_id is not None:
-                        self._inbox.spawn(self._renew_quietly(session_id))
-                        return
-                    if resp.status != 200 or resp.content_type != "text/event-stream":
-                        self._log.debug("upstream_no_listen_stream", status=resp.status)
-                        return
-                    await self._read_stream(resp, None)
-            except (aiohttp.ClientError, OSError) as exc:
-                self._connection_lost(str(exc) or type(exc).__name__)
-                return
-            except UpstreamUnavailable as exc:
-                self._log.warning("upstream_listen_failed", error=exc.message)
-            # A stream that stayed open a while earns a quick reopen; one that keeps closing backs off.
-            delay, attempt = restart_plan(attempt, loop.time() - opened, self._policy)
-            await self._pause(delay)
+            return http.get(self._spec.url, headers=headers)
+
+        await self._follow_stream(open_stream, lambda: self._session_id == session_id, renew=session_id,
+                                  missing_level="debug")
 
     async def _listen_modern(self) -> None:
         """A modern upstream's list changes come on a ``subscriptions/listen`` stream; reopened when it ends."""
         assert self._http is not None
+        http = self._http
+
+        def open_stream() -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen", listen_params())
+            return http.post(self._spec.url, data=encode_message(message), headers=self._headers(message))
+
+        await self._follow_stream(open_stream, lambda: self._modern, renew=None, missing_level="info")
+
+    async def _follow_stream(self, open_stream: Callable[[], AbstractAsyncContextManager[aiohttp.ClientResponse]],
+                             still_wanted: Callable[[], bool], *, renew: str | None, missing_level: str) -> None:
+        """Read the upstream's long-lived stream, reopened when it ends, until it is not wanted any more.
+
+        A 404 on a session's stream renews that session (``renew``); a stream that stayed open a while earns a
+        quick reopen, one that keeps closing backs off.
+        """
         loop = asyncio.get_running_loop()
         attempt = 0
-        while not self._closing.is_set() and self._modern and self._ready.is_set():
-            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen", listen_params())
+        while not self._closing.is_set() and still_wanted() and self._ready.is_set():
             opened = loop.time()
             try:
-                async with self._http.post(self._spec.url, data=encode_message(message),
-                                           headers=self._headers(message)) as resp:
+                async with open_stream() as resp:
+                    if resp.status == 404 and renew is not None:
+                        self._inbox.spawn(self._renew_quietly(renew))
+                        return
                     if resp.status != 200 or resp.content_type != "text/event-stream":
-                        self._log.info("upstream_no_listen_stream", status=resp.status)
+                        getattr(self._log, missing_level)("upstream_no_listen_stream", status=resp.status)
                         return
                     await self._read_stream(resp, None)
             except (aiohttp.ClientError, OSError) as exc:
