@@ -173,23 +173,22 @@ class ModernTransport:
             except mrtr.StateRefused as exc:
                 return refusal_answer(_state_refused(str(exc)), message.id)
             if waiting is None:  # a modern upstream's call: it goes on there, from the sealed state alone
-                flow = self._start(principal, message, meta, emit, streams, resume)
+                flow = self._start(principal, message, meta, emit, streams, resume, holder=holder, digest=digest)
             else:
                 flow = waiting
                 flow.emit, flow.streaming = emit, streams
                 if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
                     return await self._ask(flow, stream, streams, message)
         else:
-            flow = self._start(principal, message, meta, emit, streams, None)
+            flow = self._start(principal, message, meta, emit, streams, None, holder=holder, digest=digest)
         return await self._round(request, flow, stream, streams, message)
 
     def _start(self, principal: Principal, message: jsonrpc.Request, meta: dict[str, object], emit: Emit,
-               streams: bool, resume: Resume | None) -> mrtr.Flow:
+               streams: bool, resume: Resume | None, *, holder: str, digest: str) -> mrtr.Flow:
         """Run the call (a new one, or the retry of a modern upstream's) as this round's flow."""
         level = meta.get(META_LOG_LEVEL)
         declared = meta.get(modern_rules.META_CAPABILITIES)
-        flow = mrtr.Flow(token_hash(principal.token), mrtr.request_digest(message.method, message.params),
-                         dict(declared) if isinstance(declared, dict) else {},
+        flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
         flow.streaming = streams
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
