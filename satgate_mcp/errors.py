@@ -65,3 +65,14 @@ class StartFailed(Exception):
 
     Like a ConfigError it reaches the CLI, which prints its one stderr line; systemd restarts on 1 only.
     """
+
+
+#: Seconds a client refused for a store fault (SATGATE_STORE_FAIL_MODE=closed) is told to wait.
+STORE_RETRY_AFTER_SECONDS = 1
+
+
+def store_unavailable() -> GatewayError:
+    """Closed fail mode: the transport answers this as 503 + Retry-After (never 401/403, never -32603)."""
+    return GatewayError("Service unavailable: the gateway's store did not answer; retry shortly",
+                        {"error": "store_unavailable", "retry_after_seconds": STORE_RETRY_AFTER_SECONDS},
+                        code=jsonrpc.SERVER_ERROR)

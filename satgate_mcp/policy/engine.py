@@ -26,9 +26,9 @@ import structlog
 
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.errors import GatewayError
+from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
-from satgate_mcp.jsonrpc import RATE_LIMITED, SERVER_ERROR, JsonObj, RequestId
+from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import (
     BudgetStore,
@@ -69,17 +69,8 @@ except ImportError:  # pragma: no cover - redis is a plain dependency; kept impo
 
 #: What a store that cannot answer raises: Redis down, paused past SATGATE_REDIS_TIMEOUT, or the state database.
 STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError, sqlite3.Error)
-#: Seconds a client refused for a store fault is told to wait.
-STORE_RETRY_AFTER_SECONDS = 1
 
 log = structlog.get_logger("satgate_mcp.policy")
-
-
-def store_unavailable() -> GatewayError:
-    """Closed fail mode: the transport answers this as 503 + Retry-After (never 401/403, never -32603)."""
-    return GatewayError("Service unavailable: the gateway's store did not answer; retry shortly",
-                        {"error": "store_unavailable", "retry_after_seconds": STORE_RETRY_AFTER_SECONDS},
-                        code=SERVER_ERROR)
 
 if TYPE_CHECKING:
     from satgate_mcp.state import LocalState

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome, Identity
+from satgate_mcp.errors import STORE_RETRY_AFTER_SECONDS
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy, is_valid_session_id_syntax
 
@@ -225,8 +226,6 @@ def bearer_challenge(resource_metadata_url: str | None, error: str | None = None
     return ", ".join(parts)
 
 
-#: Seconds a client is told to wait when a store fault refused its request (SATGATE_STORE_FAIL_MODE=closed).
-STORE_RETRY_AFTER_SECONDS = 1
 STORE_UNAVAILABLE = Refusal(503, "store_unavailable",
                             "Service unavailable: the gateway's token store did not answer; retry shortly",
                             code=jsonrpc.SERVER_ERROR, headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
