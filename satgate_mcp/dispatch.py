@@ -266,13 +266,17 @@ class Dispatcher:
     def initialize_result(self, protocol_version: str) -> JsonObj:
         result: JsonObj = {
             "protocolVersion": protocol_version,
-            "capabilities": self._pool.capabilities(),
-            "serverInfo": {"name": SERVER_NAME, "version": __version__},
+            "capabilities": self.capabilities(),
+            "serverInfo": self.server_info,
         }
         instructions = merged_instructions(self._pool.instructions())
         if instructions is not None:
             result["instructions"] = instructions
         return result
+
+    def capabilities(self) -> JsonObj:
+        """What the gateway offers: the union of what its upstreams offer."""
+        return self._pool.capabilities()
 
     @property
     def server_info(self) -> JsonObj:
@@ -280,12 +284,9 @@ class Dispatcher:
 
     def discover_result(self, supported_versions: list[str]) -> JsonObj:
         """``server/discover`` (2026-07-28): what ``initialize`` says, without a session."""
-        result: JsonObj = {"supportedVersions": supported_versions, "capabilities": self._pool.capabilities(),
-                           "serverInfo": self.server_info}
-        instructions = merged_instructions(self._pool.instructions())
-        if instructions is not None:
-            result["instructions"] = instructions
-        return result
+        about = self.initialize_result(supported_versions[0])
+        del about["protocolVersion"]
+        return {"supportedVersions": supported_versions, **about}
 
     def tool_schema(self, name: str) -> object:
         """The merged ``inputSchema`` of a tool, or None when there is no such tool."""

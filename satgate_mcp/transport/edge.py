@@ -142,7 +142,7 @@ class Edge:
         return self._dispatcher.server_info
 
     def capabilities(self) -> JsonObj:
-        return self._dispatcher.initialize_result(rules.LATEST_VERSION)["capabilities"]  # type: ignore[no-any-return]
+        return self._dispatcher.capabilities()
 
     async def subscribe_resource(self, key: str, uri: str) -> bool:
         """One URI of a listen stream, subscribed upstream (reference-counted with the 2025 sessions')."""
