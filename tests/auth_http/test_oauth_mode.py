@@ -416,3 +416,17 @@ async def test_attack_resume_or_use_someone_elses_session_with_a_valid_token(
     live = await owner_gateway.call(other, session, "echo")
     assert live.status == 404  # OAuth mode answers a mismatch on a live session like an unknown id
     assert (await restarted.call(owner, session, "echo")).status == 200  # the owner is unaffected
+
+
+async def test_a_token_expired_within_the_clock_skew_still_verifies(start: StartGateway, idp: AuthServer) -> None:
+    gw = await start()
+    assert (await gw.initialize(idp.mint(ttl=-10))).status == 200  # 30 s of skew: a clock a little behind passes
+    assert_challenged(await gw.initialize(idp.mint(ttl=-120)))
+
+
+async def test_the_audience_may_be_a_list_and_the_token_names_any_one_of_it(start: StartGateway,
+                                                                           idp: AuthServer) -> None:
+    gw = await start(oauth_audience=f"api://satgate,{AUDIENCE}")
+    assert (await gw.initialize(idp.mint(audience="api://satgate"))).status == 200
+    assert (await gw.initialize(idp.mint(audience=["https://elsewhere.example.com", AUDIENCE]))).status == 200
+    assert_challenged(await gw.initialize(idp.mint(audience="api://not-us")))
