@@ -40,6 +40,7 @@ from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.modern import ModernTransport
 from satgate_mcp.transport.mrtr import Flows, derive_keys
+from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.streamable import StreamableHttpTransport
@@ -134,13 +135,14 @@ def create_app(
 
     modern = ModernTransport(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
     owned.append(modern.aclose)
-    StreamableHttpTransport(edge, StandaloneStream(edge, hub), modern=modern).add_routes(app)
+    replay = ReplayBook()
+    StreamableHttpTransport(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()
 
     app.on_shutdown.append(end_listen_streams)
-    LegacySseTransport(edge).add_routes(app)
+    LegacySseTransport(edge, hub).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,

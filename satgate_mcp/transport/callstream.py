@@ -1,7 +1,11 @@
-"""One call's answer over HTTP: JSON, or an SSE stream once something must reach the client before it.
+"""One call's answer over HTTP: an SSE stream for a client that reads one, else JSON.
 
-Shared by the 2025 revisions (events with ids and a priming event on 2025-11-25, notices owed to the
-session first) and 2026-07-28 (a stream scoped to the one request, nothing owed).
+Shared by the 2025 revisions and 2026-07-28. A 2025 session that accepts ``text/event-stream``
+gets every answer as a stream (on 2025-11-25: a priming event with an id and a ``retry`` field
+first, an id on every event, the stream resumable with ``Last-Event-ID``); 2026-07-28 streams only
+once something must reach the client before the answer. Either way a call that is refused before
+anything was written keeps its own HTTP status as a JSON answer: never a 200 stream carrying an
+error.
 """
 
 from __future__ import annotations
@@ -15,39 +19,58 @@ from aiohttp import web
 
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.transport.edge import json_answer, sse_event
+from satgate_mcp.transport.replay import RETRY_MS, CallLog, ReplayBook
 from satgate_mcp.transport.rules import reply_status
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
                "X-Accel-Buffering": "no"}
+_WRITE_ERRORS = (ConnectionError, RuntimeError)
+#: A call that takes longer than this opens its stream (quick calls answer in one write).
+OPEN_AFTER = 0.05
 
 
 class CallStream:
-    """The answer to one call: JSON unless something must reach the client first, then SSE from that moment.
+    """The answer to one call.
 
-    The stream is prepared only by an event the upstream sent (so after every check that can refuse
-    the call), or by a keep-alive once the call is admitted: a refused call keeps its own answer.
+    The stream is prepared only by an event the upstream sent or by a keep-alive once the call is
+    admitted (so after every check that can refuse it), or at the end for an answer that is not a
+    refusal. With a ``replay`` book every event is kept there too, so a client that lost the stream
+    can resume it; ``pause`` ends the client's stream mid-call (the upstream did the same) while the
+    events go on being kept for the client's reconnection.
     """
 
     def __init__(self, request: web.Request, headers: dict[str, str], *, event_ids: bool,
+                 stream_quiet: bool = False, replay: ReplayBook | None = None, session_id: str = "",
                  owed: Callable[[], list[JsonObj]] = list, owes: Callable[[], bool] = lambda: False) -> None:
         self._request = request
         self._headers = headers
         self._owed = owed
         self._owes = owes
         self._event_ids = event_ids
-        self._stream_id = secrets.token_hex(8)
+        self._stream_quiet = stream_quiet
+        self._log: CallLog | None = replay.open(session_id) if (replay is not None and event_ids) else None
+        self._replay = replay
+        self._stream_id = self._log.stream_id if self._log is not None else secrets.token_hex(8)
         self._events = 0
         self._response: web.StreamResponse | None = None
         self._lock = asyncio.Lock()
+        #: The client stopped reading (its connection broke, or the stream was paused).
         self.gone = False
 
-    def _frame(self, message: JsonObj | None) -> bytes:
-        """One event; on 2025-11-25 with an id (the priming event has no data)."""
-        body = sse_event(message) if message is not None else b"data: \n\n"
+    def _frame(self, message: JsonObj) -> bytes:
+        """One event; on 2025-11-25 with an id, and kept for a resumption."""
+        body = sse_event(message)
         if not self._event_ids:
             return body
         self._events += 1
-        return f"id: {self._stream_id}-{self._events}\n".encode() + body
+        frame = f"id: {self._stream_id}-{self._events}\n".encode() + body
+        if self._log is not None:
+            self._log.add(self._events, frame)
+        return frame
+
+    def _priming(self) -> bytes:
+        """An id with no data, and how long to wait before reconnecting: what a resumption starts from."""
+        return f"id: {self._stream_id}-0\nretry: {RETRY_MS}\ndata: \n\n".encode()
 
     async def _open(self) -> web.StreamResponse:
         if self._response is None:
@@ -55,42 +78,98 @@ class CallStream:
             await response.prepare(self._request)
             self._response = response
             if self._event_ids:
-                await response.write(self._frame(None))
+                await response.write(self._priming())
             for note in self._owed():
-                await response.write(self._frame(note))
+                await self._write(self._frame(note))
         return self._response
 
+    async def _write(self, frame: bytes) -> None:
+        """Write to the client unless it is gone; the frame is already kept for a resumption."""
+        if self.gone:
+            return
+        try:
+            assert self._response is not None
+            await self._response.write(frame)
+        except _WRITE_ERRORS:
+            self.gone = True
+
     async def emit(self, message: JsonObj) -> bool:
-        """Write one message; False (and nothing more is tried) once the client is gone."""
+        """Write one message; False once nobody can receive it (no client, and no resumption possible)."""
         async with self._lock:
-            if self.gone:
+            if self.gone and self._log is None:
                 return False
             try:
-                await (await self._open()).write(self._frame(message))
-            except (ConnectionError, RuntimeError):
+                if self._response is None and not self.gone:
+                    await self._open()
+            except _WRITE_ERRORS:
                 self.gone = True
-                return False
-            return True
+            await self._write(self._frame(message))
+            return not self.gone or self._log is not None
+
+    async def pause(self) -> None:
+        """End the client's stream now; it reconnects with ``Last-Event-ID`` and gets the rest (2025-11-25 only)."""
+        async with self._lock:
+            if self._log is None or self.gone:
+                return
+            try:
+                await self._open()
+                assert self._response is not None
+                await self._response.write_eof()
+            except _WRITE_ERRORS:
+                pass
+            self.gone = True
 
     async def keep_alive(self, admitted: asyncio.Event, every: float) -> None:
+        """Once admitted, a call still running after ``OPEN_AFTER`` opens its stream (on 2025-11-25 its priming
+        event gives the client an id to resume from), then a comment every ``every`` seconds keeps it open."""
         await admitted.wait()
+        wait = min(every, OPEN_AFTER) if self._stream_quiet else every
         while not self.gone:
-            await asyncio.sleep(every)
+            await asyncio.sleep(wait)
+            wait = every
             async with self._lock:
+                opening = self._response is None and self._stream_quiet
                 try:
-                    await (await self._open()).write(b": keepalive\n\n")
-                except (ConnectionError, RuntimeError):
+                    await self._open()
+                except _WRITE_ERRORS:
                     self.gone = True
+                    continue
+                if not opening:
+                    await self._write(b": keepalive\n\n")
 
-    async def finish(self, reply: JsonObj) -> web.StreamResponse:
-        """The answer: plain JSON when nothing was streamed and nothing is owed, else the stream's last event."""
+    async def finish(self, reply: JsonObj, *, admitted: bool = True) -> web.StreamResponse:
+        """The answer: the stream's last event, or JSON for a refusal (or a quiet call where streams are lazy).
+
+        A refusal is an error answer of a call that was never ``admitted``, or one with its own HTTP status.
+        """
         async with self._lock:
-            if self._response is None and not self._owes():
+            delivered = False
+            try:
                 status, extra = reply_status(reply)
-                return json_answer(reply, status, headers={**self._headers, **extra})
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                response = await self._open()
-                await response.write(self._frame(reply))
-                await response.write_eof()
-            assert self._response is not None
-            return self._response
+                refused = status != 200 or (not admitted and "error" in reply)
+                if self._response is None and not self.gone and (
+                        refused or not (self._stream_quiet or self._owes())):
+                    delivered = True
+                    return json_answer(reply, status, headers={**self._headers, **extra})
+                with contextlib.suppress(*_WRITE_ERRORS):
+                    if not self.gone:
+                        await self._open()
+                frame = self._frame(reply)
+                if not self.gone:
+                    await self._write(frame)
+                    if not self.gone:
+                        with contextlib.suppress(*_WRITE_ERRORS):
+                            assert self._response is not None
+                            await self._response.write_eof()
+                        delivered = not self.gone
+                if self._response is None:  # the client was gone before anything was written
+                    return web.Response(status=status, headers=self._headers)
+                return self._response
+            finally:
+                self.end(delivered=delivered)
+
+    def end(self, *, delivered: bool = False) -> None:
+        """The call is over (answered, or cut): a resumption gets what was kept, then the stream's end."""
+        if self._log is not None and self._replay is not None:
+            log, self._log = self._log, None
+            self._replay.close(log, delivered=delivered)

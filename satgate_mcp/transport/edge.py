@@ -31,7 +31,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import CloseReason, RegistryFull, ResumeRefusal, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import rules
-from satgate_mcp.transport.relay import CallRelay, Emit, PendingAsks, is_log_level, most_verbose
+from satgate_mcp.transport.relay import CallRelay, Emit, Pause, PendingAsks, is_log_level, most_verbose
 from satgate_mcp.transport.rules import SESSION_HEADER, Refusal
 
 log = structlog.get_logger("satgate_mcp.transport")
@@ -310,9 +310,9 @@ class Edge:
 
     # --- what goes back to the client during a call ----------------------------------------------
 
-    def relay(self, session: Session, emit: Emit, *, streaming: bool) -> CallRelay:
+    def relay(self, session: Session, emit: Emit, *, streaming: bool, pause: Pause | None = None) -> CallRelay:
         """A call's channel back to its client; ``streaming`` False (JSON only) refuses upstream requests."""
-        return CallRelay(session_key=session.id, emit=emit, asks=self.asks, streaming=streaming,
+        return CallRelay(session_key=session.id, emit=emit, asks=self.asks, streaming=streaming, pause=pause,
                          capabilities=lambda: session.client_capabilities, log_level=lambda: session.log_level)
 
     def on_response(self, session: Session, response: jsonrpc.Response) -> None:

@@ -120,15 +120,19 @@ def refused(message: str) -> JsonObj:
 
 #: Writes one message to the call's client; False when the client is gone.
 Emit = Callable[[JsonObj], Awaitable[bool]]
+#: Ends the client's stream mid-call so it reconnects and resumes (the upstream did the same).
+Pause = Callable[[], Awaitable[None]]
 
 
 class CallRelay:
     """One call's ``Relay``: what the upstream attributed to it, filtered for its client and written by ``emit``."""
 
     def __init__(self, *, session_key: str, emit: Emit, asks: PendingAsks, streaming: bool,
-                 capabilities: Callable[[], dict[str, object] | None], log_level: Callable[[], str | None]) -> None:
+                 capabilities: Callable[[], dict[str, object] | None], log_level: Callable[[], str | None],
+                 pause: Pause | None = None) -> None:
         self.session_key = session_key
         self._emit = emit
+        self._pause = pause
         self._asks = asks
         self._streaming = streaming
         self._capabilities = capabilities
@@ -144,6 +148,11 @@ class CallRelay:
         """Progress for this call; without the client's token it answers nothing the client asked for."""
         if self._streaming and params.get("progressToken") is not None:
             await self._emit(jsonrpc.notification_message("notifications/progress", params))
+
+    async def pause(self) -> None:
+        """The upstream closed this call's stream to be polled: the client's closes likewise (when it can resume)."""
+        if self._pause is not None:
+            await self._pause()
 
     async def notify(self, method: str, params: JsonObj | None) -> None:
         if not self._streaming:

@@ -21,6 +21,7 @@ from satgate_mcp.sessions import CloseReason, Session
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, refusal_answer, rejected_answer, sse_event
 from satgate_mcp.transport.rules import Refusal, Rejected
+from satgate_mcp.transport.stream import StreamHub
 
 LEGACY_VERSION = "2024-11-05"
 KEEPALIVE_SECONDS = 15.0
@@ -39,9 +40,13 @@ class _Stream:
 
 
 class LegacySseTransport:
-    def __init__(self, edge: Edge) -> None:
-        # Auth, Host/Origin checks, sessions and calls are the same edge as /mcp: reuse it, do not restate it.
+    def __init__(self, edge: Edge, hub: StreamHub | None = None) -> None:
+        """``hub``: where the pool's notices (list changes, updates of subscribed resources) reach open streams.
+
+        Auth, Host/Origin checks, sessions and calls are the same edge as /mcp: reused, not restated.
+        """
         self._edge = edge
+        self._hub = hub
         self._streams: dict[str, _Stream] = {}
         self._none_open = asyncio.Event()
         self._none_open.set()
@@ -73,7 +78,9 @@ class LegacySseTransport:
             return refusal_answer(session)
         session.inflight += 1  # the open stream is the session: never evicted for its token's quota
         request[SESSION_ID] = session.id
-        state = _Stream(session)
+        # The stream is the session's only one: the hub's notices go into the same queue as its answers.
+        opened = self._hub.open(session) if self._hub is not None else None
+        state = _Stream(session) if opened is None else _Stream(session, queue=opened.queue)
         self._streams[session.id] = state
         self._none_open.clear()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -94,6 +101,8 @@ class LegacySseTransport:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            if opened is not None and self._hub is not None:
+                self._hub.release(opened)
             self._streams.pop(session.id, None)
             if not self._streams:
                 self._none_open.set()

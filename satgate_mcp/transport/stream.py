@@ -24,6 +24,7 @@ from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import SubscriptionTable
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, refusal_answer
+from satgate_mcp.transport.replay import CallLog, ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Refusal
 
 KEEPALIVE_SECONDS = 15.0
@@ -146,9 +147,11 @@ def _connected(request: web.Request) -> bool:
 class StandaloneStream:
     """``GET /mcp``: the same checks as any request, then the session's stream until it ends."""
 
-    def __init__(self, edge: Edge, hub: StreamHub) -> None:
+    def __init__(self, edge: Edge, hub: StreamHub, replay: ReplayBook | None = None) -> None:
+        """``replay``: the answer streams a ``Last-Event-ID`` may resume (None: a GET always opens a new stream)."""
         self._edge = edge
         self._hub = hub
+        self._replay = replay
 
     async def end_streams(self, app: web.Application) -> None:
         """On shutdown: open streams would hold the drain until its deadline; end them so clients reconnect.
@@ -172,6 +175,9 @@ class StandaloneStream:
         session = await edge.named_session(request, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session)
+        found = self._replay.find(session.id, request.headers.get("Last-Event-ID")) if self._replay else None
+        if found is not None:
+            return await self._resume(request, session, *found)
         stream = self._hub.open(session, partial(_connected, request))
         if stream is None:
             return refusal_answer(ALREADY_OPEN)
@@ -179,6 +185,33 @@ class StandaloneStream:
             return await self._serve(request, stream)
         finally:
             self._hub.release(stream)
+
+    async def _resume(self, request: web.Request, session: Session, log: CallLog, after: int) -> web.StreamResponse:
+        """A call's answer stream again, from the event after ``after``: what was missed, the rest live, the answer.
+
+        Not the session's own stream (no 409 with it open): it ends with the call.
+        """
+        response = web.StreamResponse(headers={
+            SESSION_HEADER: session.id, "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"})
+        cursor = after
+        try:
+            await response.prepare(request)
+            while True:
+                fresh, ended, more = log.since(cursor)
+                for cursor, frame in fresh:  # noqa: B007 - the cursor is what the next round starts from
+                    await response.write(frame)
+                if ended:
+                    break
+                try:
+                    await asyncio.wait_for(more.wait(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    self._edge.touch(session)
+                    await response.write(b": keepalive\n\n")
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
 
     async def _serve(self, request: web.Request, stream: OpenStream) -> web.StreamResponse:
         session = stream.session

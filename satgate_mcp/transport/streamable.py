@@ -20,6 +20,7 @@ from satgate_mcp.transport import modern_rules, rules
 from satgate_mcp.transport.callstream import CallStream
 from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer
 from satgate_mcp.transport.modern import ModernTransport
+from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
 from satgate_mcp.transport.stream import StandaloneStream
 
@@ -33,9 +34,12 @@ EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
 
 class StreamableHttpTransport:
     def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
-                 keepalive_seconds: float | None = None, modern: ModernTransport | None = None) -> None:
+                 keepalive_seconds: float | None = None, modern: ModernTransport | None = None,
+                 replay: ReplayBook | None = None) -> None:
+        """``replay``: where 2025-11-25 answer streams are kept so a client can resume one (None: not resumable)."""
         self._edge = edge
         self._standalone = standalone
+        self._replay = replay
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
         self._modern = modern or ModernTransport(edge, keepalive_seconds=self._keepalive)
 
@@ -159,15 +163,19 @@ class StreamableHttpTransport:
         """What the upstream says during the call, then its answer: one stream, prepared only once admitted."""
         edge = self._edge
         stream = CallStream(request, headers, event_ids=session.protocol_version in EVENT_ID_VERSIONS,
+                            stream_quiet=True, replay=self._replay, session_id=session.id,
                             owed=partial(edge.owed, session, call), owes=partial(edge.owes, session, call))
-        relay = self._edge.relay(session, stream.emit, streaming=True)
+        relay = self._edge.relay(session, stream.emit, streaming=True, pause=stream.pause)
         keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive))
         try:
             reply = await self._edge.run(session, call, relay)
+        except BaseException:
+            stream.end()
+            raise
         finally:
             keeper.cancel()
             relay.close()
-        return await stream.finish(reply)
+        return await stream.finish(reply, admitted=relay.admitted.is_set())
 
 
 async def _nowhere(message: JsonObj) -> bool:

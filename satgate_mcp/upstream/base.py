@@ -47,6 +47,13 @@ class Relay(Protocol):
         ...
 
 
+@runtime_checkable
+class Pausable(Protocol):
+    """A relay whose client stream can end mid-call and be resumed: an upstream that paused its own says so."""
+
+    async def pause(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Resume:
     """A modern client's retry of a call a modern upstream answered ``input_required``: where it goes on."""
@@ -80,7 +87,7 @@ def initialize_timeout(call_timeout: float) -> float:
 
 
 #: The protocol revision the gateway speaks to its upstreams.
-UPSTREAM_PROTOCOL_VERSION = "2025-06-18"
+UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
 
 
 class Upstream(Protocol):

@@ -38,8 +38,11 @@ from satgate_mcp.upstream.wire import (
     listen_params,
     modern_headers,
     restart_plan,
+    resume_delay,
 )
 
+#: Resumptions of a paused call stream in a row that may bring nothing new before the call fails.
+RESUME_ATTEMPTS = 3
 #: Largest JSON body accepted from an upstream.
 MAX_BODY = 64 * 1024 * 1024
 #: Headers the gateway sets itself; configured headers cannot replace them.
@@ -330,18 +333,50 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
                 session_id = resp.headers.get("Mcp-Session-Id")
                 if resp.content_type == "text/event-stream" and resp.status == 200:
-                    return resp.status, await self._read_stream(resp, want, route), session_id
-                body = await _read_limited(resp)
-                reply = self._take(body, want, route) if body.strip() else None
-                if reply is None and resp.status == 200:
-                    raise self._unavailable(f"upstream {self.name!r} answered without a reply to the request")
-                return resp.status, reply, session_id
+                    decoder = SseDecoder()
+                    reply = await self._read_stream(resp, want, route, decoder)
+                else:
+                    body = await _read_limited(resp)
+                    reply = self._take(body, want, route) if body.strip() else None
+                    if reply is None and resp.status == 200:
+                        raise self._unavailable(f"upstream {self.name!r} answered without a reply to the request")
+                    return resp.status, reply, session_id
+            resumable = decoder.last_id is not None and self._session_id is not None and not self._modern
+            if reply is None and want is not None and resumable:
+                reply = await self._resume_stream(decoder, want, route)
+            return resp.status, reply, session_id
         except (aiohttp.ClientError, OSError) as exc:
             why = str(exc) or type(exc).__name__
             self._connection_lost(why)
             # Only a failed connect proves nothing was sent; a reset or a lost reply may follow a run.
             sent = not isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
             raise self._unavailable(f"cannot reach upstream {self.name!r}: {why}", sent=sent) from None
+
+    async def _resume_stream(self, decoder: SseDecoder, want: RequestId, route: str | None) -> JsonObj | None:
+        """The upstream closed a call's stream before its answer (SEP-1699 polling): resume it with ``Last-Event-ID``.
+
+        The client's stream closes likewise, so it polls the gateway as it would the upstream. Gives up
+        (None) when the upstream refuses the resumption or a few resumptions in a row bring nothing new.
+        """
+        assert self._http is not None
+        await self._inbox.pause(route)
+        fruitless = 0
+        while fruitless < RESUME_ATTEMPTS:
+            await asyncio.sleep(resume_delay(decoder.retry_ms))
+            seen = decoder.last_id
+            assert seen is not None
+            headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=self._session_id,
+                                      protocol_version=self._protocol_version, json_body=False)
+            headers["Last-Event-ID"] = seen
+            async with self._http.get(self._spec.url, headers=headers) as resp:
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    self._log.info("upstream_resume_refused", status=resp.status, last_event_id=seen[:80])
+                    return None
+                reply = await self._read_stream(resp, want, route, decoder)
+            if reply is not None:
+                return reply
+            fruitless = 0 if decoder.last_id != seen else fruitless + 1
+        return None
 
     async def _post_message(self, message: JsonObj) -> int:
         """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""
@@ -356,9 +391,9 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             raise self._unavailable(f"cannot reach upstream {self.name!r}: {exc}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None,
-                           route: str | None = None) -> JsonObj | None:
+                           route: str | None = None, decoder: SseDecoder | None = None) -> JsonObj | None:
         """Handle everything on an event stream until the reply with id ``want`` arrives."""
-        decoder = SseDecoder()
+        decoder = decoder or SseDecoder()
         async for chunk in resp.content.iter_any():
             try:
                 batch = decoder.feed(chunk)

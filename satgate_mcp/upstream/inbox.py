@@ -23,7 +23,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, Relay
+from satgate_mcp.upstream.base import NotificationCallback, Pausable, ProgressCallback, Relay
 from satgate_mcp.upstream.wire import (
     is_pool_notification,
     restore_progress_token,
@@ -110,6 +110,13 @@ class Inbox:
         route = self._routes.pop(token, None)
         if drain and route is not None and route.last is not None:
             await asyncio.wait({route.last})
+
+    async def pause(self, route_key: str | None) -> None:
+        """The upstream closed the stream of this call to be polled: its client's stream may close likewise."""
+        route = self._routes.get(route_key) if route_key is not None else None
+        relay = route.relay if route is not None else None
+        if isinstance(relay, Pausable):
+            await self._guard(relay.pause(), "pause of the client's stream")
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)

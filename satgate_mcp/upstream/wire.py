@@ -270,6 +270,16 @@ class SseEvent:
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
+#: A paused stream is resumed after the server's ``retry`` wait, but never sooner or later than these (seconds).
+RESUME_DELAY_BOUNDS = (0.01, 5.0)
+
+
+def resume_delay(retry_ms: int | None) -> float:
+    """How long to wait before resuming an upstream stream it closed mid-call (SEP-1699 polling)."""
+    low, high = RESUME_DELAY_BOUNDS
+    return min(high, max(low, (retry_ms if retry_ms is not None else 100) / 1000))
+
+
 class SseDecoder:
     """Incremental ``text/event-stream`` parser: feed bytes as they arrive, get complete events.
 
@@ -284,7 +294,14 @@ class SseDecoder:
         self._data: list[str] = []
         self._event = ""
         self._last_id: str | None = None
+        #: The server's ``retry`` field (milliseconds): how long to wait before resuming its stream.
+        self.retry_ms: int | None = None
         self._started = False
+
+    @property
+    def last_id(self) -> str | None:
+        """The last event id seen: what a resumption sends as ``Last-Event-ID``."""
+        return self._last_id
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         self._buffer += self._decoder.decode(chunk)
@@ -323,4 +340,6 @@ class SseDecoder:
             self._event = value
         elif name == "id" and "\0" not in value:
             self._last_id = value
+        elif name == "retry" and value.isdigit():
+            self.retry_ms = int(value)
         return None

@@ -42,6 +42,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import REGISTRY
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings, format_errors
+from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ class Answer:
 
     @property
     def body(self) -> Any:
-        return json.loads(self.text) if self.text else None
+        return decode_answer(self.headers.get("Content-Type", "").partition(";")[0], self.text)
 
     @property
     def error(self) -> str | None:

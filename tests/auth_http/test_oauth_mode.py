@@ -26,6 +26,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import REGISTRY
 from satgate_mcp.settings import Settings
+from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 from tests.oauth_server import AuthServer
 
@@ -66,7 +67,7 @@ class Gateway:
             headers["Mcp-Session-Id"] = session
         resp = await self.http.post("/mcp", data=json.dumps(message), headers=headers)
         text = await resp.text()
-        return Answer(resp.status, dict(resp.headers), json.loads(text) if text else None)
+        return Answer(resp.status, dict(resp.headers), decode_answer(resp.content_type, text))
 
     async def initialize(self, token: str | None) -> Answer:
         return await self.post(token, jsonrpc.request_message(1, "initialize", {

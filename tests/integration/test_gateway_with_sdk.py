@@ -333,9 +333,9 @@ async def test_progress_streams_over_sse_before_the_result(gateway: Gateway) -> 
         assert isinstance(content, types.TextContent)
         assert content.text == "done 3"
         assert agent.wire.answers_to("slow") == ["text/event-stream"]
-        # without a progress token the answer is one JSON object
+        # a quiet call answers on a stream too: the client reads streams
         assert await agent.text("echo", text="plain") == "plain"
-        assert agent.wire.answers_to("echo") == ["application/json"]
+        assert agent.wire.answers_to("echo") == ["text/event-stream"]
 
 
 async def test_a_client_cancel_reaches_the_upstream_and_the_session_keeps_working(gateway: Gateway) -> None:

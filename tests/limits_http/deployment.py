@@ -32,6 +32,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.base import ProgressCallback
+from tests.answers import decode_answer
 from tests.fakes import FakeClock, FakePool
 
 ROOT_KEY = "limits-http-root-key-0123456789abcdef"
@@ -151,7 +152,7 @@ class Gateway:
             headers["MCP-Protocol-Version"] = protocol
         async with self.client.post("/mcp", headers=headers, data=json.dumps(body)) as resp:
             text = await resp.text()
-            return Answer(resp.status, resp.headers, json.loads(text) if text else None)
+            return Answer(resp.status, resp.headers, decode_answer(resp.content_type, text))
 
     async def initialize(self, token: str, protocol: str = LATEST) -> str:
         answer = await self.post(token, jsonrpc.request_message(0, "initialize", {

@@ -39,6 +39,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.budget import MemoryBudgetStore
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
+from tests.answers import read_answer
 from tests.fakes import FakePool
 
 TOKEN = "store-fault-static-token-0123456789"
@@ -138,7 +139,7 @@ async def rpc(client: TestClient[web.Request, web.Application], session: str, re
     started = time.monotonic()
     resp = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(request_id, method, params)),
                              headers=headers(session))
-    return resp.status, dict(resp.headers), await resp.json(), time.monotonic() - started
+    return resp.status, dict(resp.headers), await read_answer(resp), time.monotonic() - started
 
 
 def echo(text: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublishe
 from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS
 from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
 from satgate_mcp.settings import Settings
+from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool, until
 
 ROOT_KEY = "resume-tests-root-key-0123456789abcdef"
@@ -93,7 +94,7 @@ class Gateway:
         data = None if body is None else json.dumps(body)
         async with self.client.request(method, "/mcp", headers=headers, data=data) as resp:
             text = await resp.text()
-            return Answer(resp.status, resp.headers, json.loads(text) if text else None)
+            return Answer(resp.status, resp.headers, decode_answer(resp.content_type, text))
 
     async def initialize(self, token: str, version: str = LATEST) -> str:
         body = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -25,6 +25,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
+from tests.answers import decode_answer
 from tests.fakes import FakePool
 
 ROOT_KEY = "state-restart-tests-root-key-0123456789abcdef"
@@ -43,7 +44,7 @@ class Process:
             headers["Mcp-Session-Id"] = session_id
         async with self.client.post("/mcp", headers=headers, data=json.dumps(body)) as resp:
             text = await resp.text()
-            return resp.status, json.loads(text) if text else None, resp.headers.get("Mcp-Session-Id", "")
+            return resp.status, decode_answer(resp.content_type, text), resp.headers.get("Mcp-Session-Id", "")
 
     async def initialize(self, token: str) -> str:
         status, body, session_id = await self.post(token, {

@@ -141,3 +141,35 @@ async def test_a_bad_message_is_refused_as_on_mcp(body: bytes, status: int, erro
         resp = await client.post(endpoint, data=body, headers={"Content-Type": "application/json"})
         assert resp.status == status
         assert (await resp.json())["error"]["data"]["error"] == error
+
+
+async def test_a_legacy_stream_gets_list_changes_and_updates_of_the_resources_it_subscribed_to() -> None:
+    """The legacy stream is its session's only stream: what GET /mcp would carry goes on it too."""
+    from tests.transport.test_stream import SubscribablePool
+
+    pool = SubscribablePool()
+    app = create_app(Settings(), authenticator=NoAuthenticator(), pool=pool, policy=AllowAllPolicy(),
+                     publisher=RecordingPublisher())
+
+    async def next_message(stream: Any) -> dict[str, Any]:
+        while True:
+            event = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)).decode()
+            if event.startswith("event: message"):
+                message: dict[str, Any] = json.loads(event.split("data: ", 1)[1])
+                return message
+
+    async with TestClient(TestServer(app)) as client:
+        subscriber, other = await client.get("/sse"), await client.get("/sse")
+        endpoints = [(await s.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1].strip()
+                     for s in (subscriber, other)]
+        await client.post(endpoints[0], json={"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe",
+                                              "params": {"uri": "memo://a"}})
+        assert (await next_message(subscriber))["id"] == 1
+        assert pool.listener is not None
+        pool.listener("notifications/resources/updated", {"uri": "memo://a"})
+        pool.listener("notifications/prompts/list_changed", None)
+        assert await next_message(subscriber) == jsonrpc.notification_message(
+            "notifications/resources/updated", {"uri": "memo://a"})
+        assert (await next_message(subscriber))["method"] == "notifications/prompts/list_changed"
+        # the other session did not subscribe: only the list change reaches it
+        assert (await next_message(other))["method"] == "notifications/prompts/list_changed"

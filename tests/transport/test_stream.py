@@ -24,6 +24,7 @@ from satgate_mcp.subscriptions import SubscriptionTable
 from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.stream import MAX_QUEUED, OpenStream, StandaloneStream, StreamHub
 from satgate_mcp.upstream.base import ProgressCallback
+from tests.answers import stream_messages
 from tests.fakes import AllowAllPolicy, FakePool
 
 TOKEN = "stream-test-token-0123456789abcdef"
@@ -148,10 +149,10 @@ async def test_list_changes_reach_the_open_stream_with_event_ids_and_are_not_owe
         gw.pool.listener("notifications/prompts/list_changed", None)
         assert await next_message(stream) == ("1", jsonrpc.notification_message("notifications/tools/list_changed"))
         assert await next_message(stream) == ("2", jsonrpc.notification_message("notifications/prompts/list_changed"))
-        # told on the stream: the next answer carries no second notice (it is plain JSON)
+        # told on the stream: the next answer carries no second notice (its stream holds the answer alone)
         resp = await gw.http.post("/mcp", data=json.dumps(jsonrpc.request_message(9, "ping")),
                                   headers=gw.headers(session, "application/json, text/event-stream"))
-        assert resp.content_type == "application/json"
+        assert stream_messages(await resp.read()) == [jsonrpc.result_response(9, {})]
 
 
 async def test_resource_updates_reach_only_the_sessions_subscribed(gw: Client) -> None:

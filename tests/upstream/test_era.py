@@ -106,7 +106,7 @@ async def test_stdio_era(args: tuple[str, ...], modern: bool) -> None:
         assert await upstream.wait_ready(20)
         assert upstream.modern is modern
         result = upstream.initialize_result or {}
-        assert result["protocolVersion"] == (MODERN if modern else "2025-06-18")
+        assert result["protocolVersion"] == (MODERN if modern else "2025-11-25")
         assert result["serverInfo"]["name"] == "alpha"
         assert "tools" in result["capabilities"]
         reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}})

@@ -1,0 +1,126 @@
+"""Call streams a client can resume: ``GET /mcp`` with ``Last-Event-ID`` after its answer stream broke.
+
+On 2025-11-25 sessions every event of a call's answer stream carries an id ``<stream>-<n>`` and is
+kept here while the call runs. A client whose connection dropped (or whose stream the gateway closed
+because the upstream closed its own) reconnects with the last id it saw and gets what followed,
+then the rest live, then the answer. Kept in this process only: a resumption that lands elsewhere,
+or after a restart, finds nothing and opens the session's ordinary stream. A stream is replayed
+only to the session it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+#: Events one call stream keeps for a resumption; an older cursor cannot be resumed.
+MAX_EVENTS = 1000
+#: How long the end of a stream whose client was gone at the end stays resumable.
+RETAIN_SECONDS = 120.0
+#: Finished-but-undelivered streams kept per process; the oldest go first.
+MAX_RETAINED = 1000
+#: What a client waits before reconnecting (the SSE ``retry`` field, milliseconds).
+RETRY_MS = 500
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_event_id(value: str | None) -> tuple[str, int] | None:
+    """``<stream>-<n>`` -> (stream, n); None for anything else (an id of the session's own GET stream, junk)."""
+    if not value or len(value) > 64:
+        return None
+    stream, sep, number = value.rpartition("-")
+    if not sep or not stream or not _HEX.issuperset(stream) or not number.isdigit() or len(number) > 9:
+        return None
+    return stream, int(number)
+
+
+@dataclass(eq=False)
+class CallLog:
+    """One call stream's events, in order, until its final event."""
+
+    session_id: str
+    stream_id: str
+    #: (n, the whole SSE frame as written)
+    events: list[tuple[int, bytes]] = field(default_factory=list)
+    done: bool = False
+    _more: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, number: int, frame: bytes) -> None:
+        self.events.append((number, frame))
+        if len(self.events) > MAX_EVENTS:
+            del self.events[0]
+        self._wake()
+
+    def end(self) -> None:
+        self.done = True
+        self._wake()
+
+    def _wake(self) -> None:
+        more, self._more = self._more, asyncio.Event()
+        more.set()
+
+    def resumable_after(self, number: int) -> bool:
+        """Whether every event after ``number`` is still here."""
+        return number >= 0 and (not self.events or self.events[0][0] <= number + 1)
+
+    def since(self, cursor: int) -> tuple[list[tuple[int, bytes]], bool, asyncio.Event]:
+        """Events after ``cursor``, whether the stream has ended, and what is set when more arrives.
+
+        The three are read together, so nothing added in between is missed by a reader that waits.
+        """
+        return [(n, f) for n, f in self.events if n > cursor], self.done, self._more
+
+
+class ReplayBook:
+    """This process's resumable call streams: running ones, and ended ones whose client missed the end."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._running: dict[str, CallLog] = {}
+        #: stream id -> (log, when it stops being resumable), oldest first
+        self._retained: OrderedDict[str, tuple[CallLog, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._running) + len(self._retained)
+
+    def open(self, session_id: str) -> CallLog:
+        log = CallLog(session_id, secrets.token_hex(8))
+        self._running[log.stream_id] = log
+        return log
+
+    def close(self, log: CallLog, *, delivered: bool) -> None:
+        """The call ended; a stream whose client got the end needs no resumption, others stay a while."""
+        log.end()
+        self._running.pop(log.stream_id, None)
+        self._expire()
+        if not delivered:
+            self._retained[log.stream_id] = (log, self._clock() + RETAIN_SECONDS)
+            while len(self._retained) > MAX_RETAINED:
+                self._retained.popitem(last=False)
+
+    def find(self, session_id: str, last_event_id: str | None) -> tuple[CallLog, int] | None:
+        """The stream a ``Last-Event-ID`` resumes, and its cursor; never another session's stream."""
+        parsed = parse_event_id(last_event_id)
+        if parsed is None:
+            return None
+        stream_id, number = parsed
+        self._expire()
+        log = self._running.get(stream_id)
+        if log is None:
+            kept = self._retained.get(stream_id)
+            log = kept[0] if kept is not None else None
+        if log is None or log.session_id != session_id or not log.resumable_after(number):
+            return None
+        return log, number
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._retained:
+            stream_id, (_, until) = next(iter(self._retained.items()))
+            if until > now:
+                break
+            del self._retained[stream_id]
