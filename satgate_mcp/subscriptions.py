@@ -127,7 +127,8 @@ class Subscriptions:
             future.set_result(jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, f"subscribe failed: {exc!r}"))
             raise
         finally:
-            self._pending.pop(uri, None)
+            if self._pending.get(uri) is future:  # a later subscribe may have started its own meanwhile
+                del self._pending[uri]
         if "error" in reply:
             self._forget(uri)
         future.set_result(reply)
@@ -136,9 +137,20 @@ class Subscriptions:
     async def unsubscribe(self, session_id: str, params: JsonObj | None, *,
                           on_progress: ProgressCallback | None = None) -> JsonObj:
         uri = _uri(params)
-        if self.table.remove(session_id, uri):
+        if self.table.remove(session_id, uri) and await self._still_unheld(uri):
             return await self._unsubscribe(params, on_progress=on_progress)
         return _empty()  # another session still holds it, or this one never did
+
+    async def _still_unheld(self, uri: str) -> bool:
+        """After the URI's last holder left: whether the upstream must be told, once its subscribe (if still in
+        flight) has landed, so an unsubscribe never overtakes it; not if the subscribe failed or someone took the
+        URI again meanwhile."""
+        pending = self._pending.get(uri)
+        if pending is not None:
+            reply = await asyncio.shield(pending)
+            if "error" in reply:
+                return False
+        return not self.table.subscribers(uri)
 
     def end_session(self, session_id: str) -> None:
         """A session ended: tell the upstreams about each URI nobody else is subscribed to."""
@@ -166,7 +178,8 @@ class Subscriptions:
 
     async def _release(self, uri: str) -> None:
         try:
-            await self._unsubscribe({"uri": uri})
+            if await self._still_unheld(uri):
+                await self._unsubscribe({"uri": uri})
         except asyncio.CancelledError:
             raise
         except Exception as exc:

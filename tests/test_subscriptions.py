@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from satgate_mcp import jsonrpc
@@ -97,3 +99,57 @@ async def test_bad_subscriptions_are_refused_before_the_upstream(session: str, p
         await subs.subscribe(session, params)
     assert (caught.value.data or {}).get("error") == error
     assert upstream.calls == []
+
+
+class SlowUpstream(Upstream):
+    """Its subscribe answers only when released: the window in which a session may already unsubscribe."""
+
+    def __init__(self, reply: JsonObj | None = None) -> None:
+        super().__init__(reply)
+        self.release = asyncio.Event()
+        self.subscribing = asyncio.Event()
+
+    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        self.calls.append(("subscribe", params))
+        self.subscribing.set()
+        await self.release.wait()
+        return self.reply
+
+
+async def test_an_unsubscribe_never_overtakes_the_subscribe_still_in_flight() -> None:
+    upstream = SlowUpstream()
+    subs = Subscriptions(upstream.subscribe, upstream.unsubscribe)
+    subscribing = asyncio.create_task(subs.subscribe("a", {"uri": "m://x"}))
+    await upstream.subscribing.wait()
+    unsubscribing = asyncio.create_task(subs.unsubscribe("a", {"uri": "m://x"}))
+    await asyncio.sleep(0)  # the unsubscribe runs up to its wait
+    assert [c for c, _ in upstream.calls] == ["subscribe"]
+    upstream.release.set()
+    await asyncio.gather(subscribing, unsubscribing)
+    assert [c for c, _ in upstream.calls] == ["subscribe", "unsubscribe"]  # in this order: nothing left upstream
+
+
+async def test_a_session_subscribing_again_meanwhile_keeps_the_upstream_subscription() -> None:
+    upstream = SlowUpstream()
+    subs = Subscriptions(upstream.subscribe, upstream.unsubscribe)
+    first = asyncio.create_task(subs.subscribe("a", {"uri": "m://x"}))
+    await upstream.subscribing.wait()
+    leaving = asyncio.create_task(subs.unsubscribe("a", {"uri": "m://x"}))
+    await asyncio.sleep(0)
+    joining = asyncio.create_task(subs.subscribe("b", {"uri": "m://x"}))
+    upstream.release.set()
+    await asyncio.gather(first, leaving, joining)
+    assert "unsubscribe" not in [c for c, _ in upstream.calls]
+    assert subs.table.subscribers("m://x") == frozenset({"b"})
+
+
+async def test_a_failed_subscribe_is_not_followed_by_an_unsubscribe() -> None:
+    upstream = SlowUpstream(jsonrpc.error_response(None, jsonrpc.INVALID_PARAMS, "no such resource"))
+    subs = Subscriptions(upstream.subscribe, upstream.unsubscribe)
+    subscribing = asyncio.create_task(subs.subscribe("a", {"uri": "m://x"}))
+    await upstream.subscribing.wait()
+    unsubscribing = asyncio.create_task(subs.unsubscribe("a", {"uri": "m://x"}))
+    await asyncio.sleep(0)
+    upstream.release.set()
+    await asyncio.gather(subscribing, unsubscribing)
+    assert [c for c, _ in upstream.calls] == ["subscribe"]
