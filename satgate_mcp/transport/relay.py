@@ -97,10 +97,11 @@ class PendingAsks:
     def close(self, ask_id: str) -> None:
         self._asks.pop(ask_id, None)
 
-    def cancel(self, ask_id: str) -> None:
+    def end(self, ask_id: str, answer: JsonObj) -> None:
+        """Answer a question on the client's behalf (its call ended first)."""
         ask = self._asks.get(ask_id)
-        if ask is not None:
-            ask.answer.cancel()
+        if ask is not None and not ask.answer.done():
+            ask.answer.set_result(answer)
 
     def answer(self, session_id: str, response: jsonrpc.Response) -> bool:
         """Take a client's answer; only the session that was asked may answer (anything else is ignored)."""
@@ -175,8 +176,9 @@ class CallRelay:
         except TimeoutError:
             return refused(f"the client did not answer {method!r} within {timeout:g}s")
         except asyncio.CancelledError:
-            if answer.cancelled():  # the call ended while its client still had the question
-                return refused(f"the call ended before the client answered {method!r}")
+            # The upstream withdrew its question: the client stops working on it too.
+            await self._emit(jsonrpc.notification_message(
+                "notifications/cancelled", {"requestId": ask_id, "reason": "the upstream cancelled its request"}))
             raise
         finally:
             self._open.discard(ask_id)
@@ -185,4 +187,4 @@ class CallRelay:
     def close(self) -> None:
         """The call is over: questions its client has not answered are answered upstream as refused."""
         for ask_id in list(self._open):
-            self._asks.cancel(ask_id)
+            self._asks.end(ask_id, refused("the call ended before the client answered"))

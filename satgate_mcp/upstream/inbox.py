@@ -46,6 +46,11 @@ class _Route:
         return self.callback if isinstance(self.callback, Relay) else None
 
 
+def _id_key(request_id: object) -> object:
+    """A JSON-RPC id as a dict key: 1 and "1" are different ids, and True is not 1."""
+    return (type(request_id).__name__, request_id) if isinstance(request_id, str | int) else None
+
+
 def sole_session(session_keys: list[str]) -> str | None:
     """The one client session every call in flight belongs to, or None (several, or a call without one)."""
     distinct = set(session_keys)
@@ -69,6 +74,8 @@ class Inbox:
         self._tasks: set[asyncio.Task[None]] = set()
         self._tokens = itertools.count(1)
         self._warned: set[str] = set()
+        #: The upstream's requests being relayed to a client, by the upstream's id: what its cancellation stops.
+        self._asking: dict[object, asyncio.Task[None]] = {}
         self.on_notification: NotificationCallback | None = None
 
     def open_route(self, params: JsonObj | None, on_progress: ProgressCallback | None) -> tuple[JsonObj | None, str]:
@@ -136,12 +143,16 @@ class Inbox:
                 refusal = unattributed_refusal(message, self._name, shared_pipe=self._shared_pipe)
                 self.spawn(self._guard(self._reply(refusal), f"refusal of {message.method}"))
                 return
-            self.spawn(self._relay_request(message, relay))
+            key = _id_key(message.id)
+            task = self._asking[key] = self.spawn(self._relay_request(message, relay))
+            task.add_done_callback(lambda done: self._asking.pop(key, None) if self._asking.get(key) is done else None)
         elif message.method == "notifications/progress":
             self._progress(message.params or {})
         elif message.method == "notifications/cancelled":
-            # The upstream gives up on a request it sent us; its answer then simply goes unread.
-            return
+            # The upstream gives up on a request it sent us: the client is told, and no answer goes back.
+            asking = self._asking.pop(_id_key((message.params or {}).get("requestId")), None)
+            if asking is not None:
+                asking.cancel()
         elif is_pool_notification(message.method):
             self.notify(message.method, message.params)
         else:
@@ -187,7 +198,7 @@ class Inbox:
         try:
             answer = await relay.ask(request.method, request.params, self._ask_timeout)
         except asyncio.CancelledError:
-            raise
+            raise  # cancelled by the upstream (or the gateway closing): nothing is answered
         except Exception as exc:
             self._log.warning("upstream_request_relay_failed", method=request.method, error=repr(exc))
             answer = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,

@@ -125,3 +125,35 @@ async def test_a_question_to_a_client_that_left_is_refused_at_once() -> None:
                       log_level=lambda: None)
     reply = await asyncio.wait_for(relay.ask("sampling/createMessage", None, 60.0), 5.0)
     assert "has left" in reply["error"]["message"]
+
+
+async def test_an_upstream_that_withdraws_its_question_gets_no_answer_and_the_client_is_told() -> None:
+    from satgate_mcp.upstream.inbox import Inbox
+
+    to_upstream: list[JsonObj] = []
+    to_client: list[JsonObj] = []
+    asked = asyncio.Event()
+
+    async def reply(message: JsonObj) -> None:
+        to_upstream.append(message)
+
+    async def emit(message: JsonObj) -> bool:
+        to_client.append(message)
+        asked.set()
+        return True
+
+    asks = PendingAsks()
+    relay = CallRelay(session_key="s1", emit=emit, asks=asks, streaming=True, capabilities=lambda: None,
+                      log_level=lambda: None)
+    inbox = Inbox("up", reply)
+    _, route = inbox.open_route({}, relay)
+    inbox.handle(jsonrpc.Request(41, "elicitation/create", {"message": "name?"}), route)
+    await asyncio.wait_for(asked.wait(), 5)
+    [question] = to_client
+    inbox.handle(jsonrpc.Notification("notifications/cancelled", {"requestId": 41}), route)
+    await inbox.aclose()
+
+    assert to_client[1:] == [jsonrpc.notification_message(
+        "notifications/cancelled", {"requestId": question["id"], "reason": "the upstream cancelled its request"})]
+    assert to_upstream == []  # a cancelled request is never answered
+    assert len(asks) == 0
