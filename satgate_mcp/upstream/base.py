@@ -86,6 +86,9 @@ def initialize_timeout(call_timeout: float) -> float:
     return max(call_timeout, MIN_INITIALIZE_TIMEOUT)
 
 
+#: The pool hears this (never a client) when an upstream became ready, first or after a restart.
+UPSTREAM_READY = "satgate/upstream_ready"
+
 #: The protocol revision the gateway speaks to its upstreams.
 UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
 

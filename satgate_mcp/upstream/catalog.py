@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.base import UPSTREAM_READY
 from satgate_mcp.upstream.templates import template_matches
 
 #: The kinds of list an upstream may offer.
@@ -41,6 +42,7 @@ LISTINGS: dict[Kind, Listing] = {
 }
 #: notification -> the kinds it makes stale; a relisting after a restart refreshes everything.
 STALE_AFTER: dict[str, frozenset[Kind]] = {
+    UPSTREAM_READY: ALL_LISTS,
     "notifications/tools/list_changed": ALL_LISTS,
     "notifications/resources/list_changed": frozenset({"resources", "templates"}),
     "notifications/prompts/list_changed": frozenset({"prompts"}),

@@ -23,7 +23,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.upstream.base import NotificationCallback, Pausable, ProgressCallback, Relay
+from satgate_mcp.upstream.base import UPSTREAM_READY, NotificationCallback, Pausable, ProgressCallback, Relay
 from satgate_mcp.upstream.wire import (
     is_pool_notification,
     restore_progress_token,
@@ -31,8 +31,9 @@ from satgate_mcp.upstream.wire import (
     unattributed_refusal,
 )
 
-#: Sent to the pool after every successful (re-)initialization: a restarted upstream may offer other tools.
-RELIST_NOTIFICATION = "notifications/tools/list_changed"
+#: Sent to the pool (never to a client) after every successful (re-)initialization: a restarted upstream may
+#: offer other lists, and has forgotten what it was told (log level, subscriptions).
+RELIST_NOTIFICATION = UPSTREAM_READY
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import ProgressCallback, Upstream
+from satgate_mcp.upstream.base import UPSTREAM_READY, ProgressCallback, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, STALE_AFTER, Catalog, Kind, NameClash
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -64,6 +64,9 @@ class UpstreamPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._listener: Notice | None = None
+        #: What a 2025 upstream was told that its restart forgets: the level set, the URIs subscribed on it.
+        self._log_level: str | None = None
+        self._subscribed: dict[str, set[str]] = {name: set() for name in specs}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -125,6 +128,7 @@ class UpstreamPool:
 
         A 2026-07-28 upstream has no such method (a level travels in each request's ``_meta``): it is left out.
         """
+        self._log_level = level
         names = [n for n in self._order
                  if self._upstreams[n].ready and not self._upstreams[n].modern and self._offers(n, "logging")]
         replies = await asyncio.gather(*(self._upstreams[n].request("logging/setLevel", {"level": level})
@@ -162,9 +166,18 @@ class UpstreamPool:
         return await self._resource_request("resources/read", params, on_progress)
 
     async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
-        return await self._resource_request("resources/subscribe", params, on_progress)
+        """Remembered per upstream (the subscriptions table counts sessions), so a restarted upstream is asked again."""
+        uri = str((params or {}).get("uri", ""))
+        name, reply = await self._forward_named("resources/subscribe", params, self._resource_candidates(uri),
+                                                f"resource {uri!r}", on_progress)
+        if name is not None and "error" not in reply:
+            self._subscribed[name].add(uri)
+        return reply
 
     async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        uri = str((params or {}).get("uri", ""))
+        for held in self._subscribed.values():
+            held.discard(uri)
         return await self._resource_request("resources/unsubscribe", params, on_progress)
 
     async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
@@ -214,8 +227,10 @@ class UpstreamPool:
     async def _resource_request(self, method: str, params: JsonObj | None,
                                 on_progress: ProgressCallback | None) -> JsonObj:
         uri = str((params or {}).get("uri", ""))
-        candidates = self._candidates(self._catalog.uri_owner(uri), "resources")
-        return await self._forward(method, params, candidates, f"resource {uri!r}", on_progress)
+        return await self._forward(method, params, self._resource_candidates(uri), f"resource {uri!r}", on_progress)
+
+    def _resource_candidates(self, uri: str) -> list[str]:
+        return self._candidates(self._catalog.uri_owner(uri), "resources")
 
     def _candidates(self, owner: str | None, capability: str) -> list[str]:
         """The owner from the listings, else every ready upstream that offers the capability."""
@@ -229,7 +244,11 @@ class UpstreamPool:
 
     async def _forward(self, method: str, params: JsonObj | None, candidates: list[str], target: str,
                        on_progress: ProgressCallback | None) -> JsonObj:
-        """Ask each candidate in turn; the first success wins, else the last answer or failure stands."""
+        return (await self._forward_named(method, params, candidates, target, on_progress))[1]
+
+    async def _forward_named(self, method: str, params: JsonObj | None, candidates: list[str], target: str,
+                             on_progress: ProgressCallback | None) -> tuple[str | None, JsonObj]:
+        """Ask each candidate in turn; the first success wins (with who gave it), else the last answer or failure."""
         if not candidates:
             raise UnknownTarget(f"No upstream offers {target}", {"error": "unknown_target", "method": method})
         reply: JsonObj | None = None
@@ -241,9 +260,9 @@ class UpstreamPool:
                 failure = exc
                 continue
             if "error" not in reply:
-                return _anonymous(reply)
+                return name, _anonymous(reply)
         if reply is not None:
-            return _anonymous(reply)
+            return None, _anonymous(reply)
         assert failure is not None
         raise failure
 
@@ -315,11 +334,34 @@ class UpstreamPool:
         task.add_done_callback(self._tasks.discard)
 
     async def _apply_notification(self, name: str, method: str) -> None:
-        """Re-list what a list-changed notification (or a restart) made stale."""
+        """Re-list what a list-changed notification (or a restart) made stale; a restart also forgot its state."""
+        if method == UPSTREAM_READY:
+            await self._restore(name)
         stale = STALE_AFTER.get(method)
         if stale is not None:
             await self._refresh(name, stale)
             log.info("upstream_lists_refreshed", upstream=name, cause=method, tools=len(self._catalog.tools))
+
+    async def _restore(self, name: str) -> None:
+        """A (re)started 2025 upstream is told again what it forgot: the log level, the URIs subscribed on it."""
+        upstream = self._upstreams[name]
+        if upstream.modern:  # its level rides on each request, its subscriptions on the listen stream
+            return
+        asks: list[tuple[str, JsonObj]] = []
+        if self._log_level is not None and self._offers(name, "logging"):
+            asks.append(("logging/setLevel", {"level": self._log_level}))
+        asks += [("resources/subscribe", {"uri": uri}) for uri in sorted(self._subscribed[name])]
+        for method, params in asks:
+            try:
+                reply = await upstream.request(method, params)
+            except UpstreamUnavailable as exc:
+                log.warning("upstream_restore_failed", upstream=name, method=method, error=exc.message)
+                return
+            if "error" in reply:
+                log.warning("upstream_restore_refused", upstream=name, method=method, error=reply.get("error"))
+        if asks:
+            log.info("upstream_state_restored", upstream=name, log_level=self._log_level,
+                     subscriptions=len(self._subscribed[name]))
 
 
 #: Capability -> the flags of it the gateway offers when some upstream does (its stream delivers them).

@@ -220,3 +220,33 @@ async def test_resources_list_pages_with_a_cursor(gateway: Gateway) -> None:
                 break
         assert pages == [LIST_PAGE_SIZE, extra + 3 - LIST_PAGE_SIZE]
         assert {f"memo://beta/extra/{i}" for i in range(extra)} <= uris
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_a_restarted_upstream_is_told_again_the_log_level_and_the_subscriptions_it_forgot() -> None:
+    from mcp.shared.exceptions import MCPError
+
+    uri = "memo://alpha/readme"
+    async with serving(gateway_settings({"alpha": stdio_upstream("--name", "alpha")})) as url, \
+            connect(url) as agent:
+        await asyncio.wait_for(agent.session.subscribe_resource(uri), CALL_TIMEOUT)
+        await asyncio.wait_for(agent.session.set_logging_level("error"), CALL_TIMEOUT)
+        assert await agent.text("relay_log_level") == "error"
+        with pytest.raises(MCPError):
+            await agent.text("crash")  # the child dies; the gateway starts a fresh one with empty memory
+
+        async def told_again() -> tuple[str, list[str]]:
+            while True:
+                try:
+                    level = await agent.text("relay_log_level")
+                    held = json.loads(await agent.text("stream_subscribed"))
+                except MCPError:
+                    continue  # still restarting
+                if level != "None" and held:
+                    return level, held
+
+        level, held = await asyncio.wait_for(told_again(), SETTLE_TIMEOUT)
+        assert (level, held) == ("error", [uri])
+        await agent.text("stream_touch", uri=uri)
+        updated = await agent.notice()
+        assert isinstance(updated, types.ResourceUpdatedNotification)

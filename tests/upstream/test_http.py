@@ -16,6 +16,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
+from satgate_mcp.upstream.base import UPSTREAM_READY
 from satgate_mcp.upstream.http import HttpUpstream
 from tests.conftest import HttpUpstreamProcess
 
@@ -117,7 +118,7 @@ async def test_configured_headers_arrive_and_client_credentials_never_do(
 
     assert seen["x-api-key"] == "upstream-key"
     assert "authorization" not in seen
-    assert seen["mcp-protocol-version"] == "2025-06-18"
+    assert seen["mcp-protocol-version"] == "2025-11-25"
     assert seen["mcp-session-id"] == upstream.session_id
     assert "client-bearer" not in json.dumps(seen)
     assert meta == {"k": 1}
@@ -160,7 +161,7 @@ async def test_a_restarted_server_is_noticed_on_the_notification_stream(
     await server.arestart()
 
     # A fresh session and a relisting hint, without any call having been made.
-    await recorder.wait_for("notifications/tools/list_changed", 2)
+    await recorder.wait_for(UPSTREAM_READY, 2)
     assert upstream.ready
     assert text_of(await call(upstream, "echo", text="x")) == "x"
 
@@ -190,12 +191,12 @@ async def test_notifications_arrive_on_responses_and_on_the_get_stream(
 ) -> None:
     recorder = Recorder()
     upstream = await start_upstream(http_upstream.url, recorder=recorder)
-    await recorder.wait_for("notifications/tools/list_changed", 1)  # the hint after initialize
+    await recorder.wait_for(UPSTREAM_READY, 1)  # the hint after initialize
 
     await call(upstream, "add_tool", name="on_response")
-    await recorder.wait_for("notifications/tools/list_changed", 2)
+    await recorder.wait_for("notifications/tools/list_changed", 1)
     await call(upstream, "add_tool", name="on_stream", standalone=True)
-    await recorder.wait_for("notifications/tools/list_changed", 3)
+    await recorder.wait_for("notifications/tools/list_changed", 2)
 
     assert text_of(await call(upstream, "ask_client", method="ping")) == "pong"
 

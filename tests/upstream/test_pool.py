@@ -16,6 +16,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.upstream.base import UPSTREAM_READY
 from satgate_mcp.upstream.pool import UpstreamPool
 from tests.conftest import HttpUpstreamProcess, pid_alive, upstream_command
 from tests.upstream_server import BASE_TOOLS
@@ -139,13 +140,13 @@ async def test_list_changed_refreshes_the_union_and_a_late_clash_keeps_the_first
 
     version = pool.tools_version
     await call_tool(pool, "b_add_tool", name="brand_new")
-    await pool.wait_applied("two", "notifications/tools/list_changed", 2)
+    await pool.wait_applied("two", "notifications/tools/list_changed", 1)
     assert pool.owner_of_tool("brand_new") == "two"
     assert pool.tools_version == version + 1  # sessions that listed before now get told
 
     with structlog.testing.capture_logs() as logs:
         await call_tool(pool, "b_add_tool", name="echo")  # now both advertise "echo"
-        await pool.wait_applied("two", "notifications/tools/list_changed", 3)
+        await pool.wait_applied("two", "notifications/tools/list_changed", 2)
 
     assert pool.owner_of_tool("echo") == "one"
     assert text_of(await call_tool(pool, "echo", text="first owner")) == "first owner"
@@ -210,12 +211,12 @@ async def test_cancelling_a_pool_call_cancels_it_upstream(shared: UpstreamPool) 
 
 async def test_a_crashed_upstream_is_relisted_after_its_restart(start_pool: StartPool) -> None:
     pool = await start_pool({"one": stdio("--name", "one")})
-    await pool.wait_applied("one", "notifications/tools/list_changed", 1)
+    await pool.wait_applied("one", UPSTREAM_READY, 1)
     version = pool.tools_version
 
     with pytest.raises(UpstreamUnavailable, match="went away"):
         await call_tool(pool, "crash")
-    await pool.wait_applied("one", "notifications/tools/list_changed", 2)
+    await pool.wait_applied("one", UPSTREAM_READY, 2)
 
     assert all(pool.readiness().values())
     assert pool.tools_version == version  # the same tools came back: nobody is told to re-list

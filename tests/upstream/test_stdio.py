@@ -18,6 +18,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
+from satgate_mcp.upstream.base import UPSTREAM_READY
 from satgate_mcp.upstream.stdio import StdioUpstream
 from tests.conftest import pid_alive, upstream_command
 
@@ -215,7 +216,8 @@ async def test_list_changed_reaches_the_notification_callback(start_upstream: St
     listed = await upstream.request("tools/list", None)
     assert "fresh" in [t["name"] for t in listed["result"]["tools"]]
     # One relisting hint after initialize, one from the upstream itself.
-    assert recorder.notifications.count("notifications/tools/list_changed") == 2
+    assert recorder.notifications.count(UPSTREAM_READY) == 1
+    assert recorder.notifications.count("notifications/tools/list_changed") == 1
 
 
 async def test_stderr_goes_to_the_log_and_non_json_output_is_skipped(
