@@ -214,9 +214,8 @@ class RedisRevocationStore:
         self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
                                                              socket_connect_timeout=timeout)
         self._key = key
-        self._channel = f"{key}:events"
         self._revoked: set[str] = set()
-        self._follower = ChannelFollower(url, self._channel, timeout=timeout, on_message=self._published,
+        self._follower = ChannelFollower(url, f"{key}:events", timeout=timeout, on_message=self._published,
                                          on_subscribed=self._load, lost_event="revocation_sync_lost")
         #: Set once the mirror holds the whole set; cleared while the subscription is down.
         self.synced = self._follower.following
@@ -238,7 +237,7 @@ class RedisRevocationStore:
     async def revoke(self, token_id: str) -> None:
         check_token_id(token_id)
         await self._redis.sadd(self._key, token_id)
-        await self._redis.publish(self._channel, token_id)
+        await self._redis.publish(self._follower.channel, token_id)
         self._revoked.add(token_id)
 
     async def _load(self) -> None:
