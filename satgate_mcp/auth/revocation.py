@@ -223,6 +223,10 @@ class RedisRevocationStore:
         self.changed = asyncio.Event()
         self._ever_synced = False
 
+    def start(self) -> None:
+        """Begin following (the daemon does at start-up, so the mirror is loaded before the first request)."""
+        self._follower.start()
+
     async def is_revoked(self, token_id: str) -> bool:
         self._follower.start()
         if token_id in self._revoked:
@@ -272,10 +276,21 @@ class UnionRevocationStore:
         for store in self.stores:
             await store.revoke(token_id)
 
+    def start(self) -> None:
+        for store in self.stores:
+            start_revocations(store)
+
     async def aclose(self) -> None:
         for store in self.stores:
             with contextlib.suppress(Exception):
                 await store.aclose()
+
+
+def start_revocations(store: object) -> None:
+    """Start what follows a shared store (the Redis mirror) inside ``store``; the others need nothing."""
+    start = getattr(store, "start", None)
+    if callable(start):
+        start()
 
 
 def revocation_files(store: object) -> list[FileRevocationStore]:

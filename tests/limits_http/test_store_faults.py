@@ -269,3 +269,23 @@ async def test_satgate_budget_and_delegate_answer_store_unavailable_never_an_int
     assert delegated.value.data == STORE_UNAVAILABLE
     assert metrics.store_errors.labels(op="budget")._value.get() == 1
     assert metrics.store_errors.labels(op="delegate")._value.get() == 1
+
+
+async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_first_request_costs_nothing(
+        aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
+    key = "store-fault-startup-root-key-0123456789abcdef"
+    settings = Settings(auth_mode="header", root_key=SecretStr(key), redis_url=redis_server.url,
+                        redis_timeout=REDIS_TIMEOUT, enforcement="control")
+    authenticator = authenticator_from_settings(settings)
+    assert isinstance(authenticator, MacaroonAuthenticator)
+    mirror = authenticator.revocations
+    assert isinstance(mirror, RedisRevocationStore)
+    client = await aiohttp_client(create_app(settings, pool=FakePool(), authenticator=authenticator))
+    await asyncio.wait_for(mirror.synced.wait(), 5)  # no request was made: the start-up loaded it
+    redis_server.kill()
+    body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
+                                                     "clientInfo": {"name": "t", "version": "1"}})
+    resp = await client.post("/mcp", data=json.dumps(body),
+                             headers={**headers(None), "Authorization": f"Bearer {mint_token(key, 'agent')}"})
+    assert resp.status == 200
+    await authenticator.aclose()
