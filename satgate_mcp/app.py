@@ -117,6 +117,8 @@ def create_app(
         probe = RedisProbe(settings.redis_url, settings.redis_timeout)
         app[STORE_PROBE] = probe
         owned.append(probe.aclose)
+    elif state is not None:
+        app[STORE_PROBE] = state.probe  # the state database: locked, unwritable or corrupt is "down"
 
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
