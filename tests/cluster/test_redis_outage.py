@@ -1,7 +1,8 @@
 """Redis killed mid-run under two real gateway processes (issue 14), on a redis-server the test starts itself:
 A fails closed, B fails open. While Redis is gone both keep serving what needs no store (``tools/list``,
 ``ping``, a session resumed from the other machine); a metered call is 503 + Retry-After on A and admitted
-on B; ``/readyz`` drains A only. Once Redis is back, both meter calls again within 3 s, with no restart.
+on B; ``/readyz`` drains A only. Once Redis is back, both meter calls again within 3 s, with no restart, and
+their revocation mirrors follow it again (a revoke made then is refused on both).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from tests.gateway_process import GatewayProcess
 
 #: The issue's bound for calls to succeed again once Redis is back.
 RECOVERY = 3.0
+#: ... and for a revocation to be refused everywhere.
+SPREAD = 1.0
 POLL_PAUSE = 0.05
 TEST_TIMEOUT = 60.0
 
@@ -36,7 +39,8 @@ async def test_redis_killed_mid_run_costs_no_session_and_everything_recovers_wit
         for gw in (closed, opened):
             gw.start()
         await asyncio.gather(closed.wait_ready(), opened.wait_ready())
-        client = Mcp.mint(http, unique("outage"), budget_limit=100)
+        client_id = unique("outage")
+        client = Mcp.mint(http, client_id, budget_limit=100)
         on_closed, on_opened = await client.initialize(closed), await client.initialize(opened)
         assert (await client.echo(closed, on_closed, 1, "before")).outcome == "served"
         assert (await client.echo(opened, on_opened, 2, "before")).outcome == "served"
@@ -67,5 +71,13 @@ async def test_redis_killed_mid_run_costs_no_session_and_everything_recovers_wit
         print(f"both gateways meter calls again {time.monotonic() - back:.3f}s after Redis returned")
         assert await readyz(http, closed) == (200, "up")
         assert [e["tool"] for e in opened.events("fail_open_admission")] == ["echo"]
+
+        # The revocation mirrors followed Redis again by themselves: a revoke now is refused on both.
+        await closed.cli("token", "revoke", client_id)
+        revoked_at = time.monotonic()
+        for gw, session in ((closed, on_closed), (opened, on_opened)):
+            while (answer := await client.rpc(gw, session, 9, "ping")).outcome != "token_revoked":
+                assert time.monotonic() - revoked_at < SPREAD, f"{gw.url} serves a token revoked after the outage"
+                await asyncio.sleep(POLL_PAUSE)
         metrics = (await http.get(f"{opened.url}/metrics")).text
         assert "satgate_fail_open_admissions_total 1.0" in metrics
