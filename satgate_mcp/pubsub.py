@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as redis
 import structlog
 
+from satgate_mcp.redis_client import subscriber
+
 RESYNC_INTERVAL_SECONDS = 0.5
 CLOSE_WAIT_SECONDS = 1.0
 
@@ -44,7 +46,7 @@ class ChannelFollower:
                  on_subscribed: Callable[[], Awaitable[None]] = _nothing, lost_event: str = "pubsub_lost",
                  resync_interval: float = RESYNC_INTERVAL_SECONDS) -> None:
         # The subscriber waits for messages: no read timeout, a health-check ping instead.
-        self._client = redis.Redis.from_url(url, socket_connect_timeout=timeout, health_check_interval=1)
+        self._client = subscriber(url, timeout=timeout)
         #: The channel as Redis knows it: named for the URL's database.
         self.channel = channel_in(url, channel)
         self._on_message = on_message

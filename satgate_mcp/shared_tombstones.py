@@ -20,6 +20,7 @@ import redis.asyncio as redis
 import structlog
 
 from satgate_mcp.pubsub import ChannelFollower
+from satgate_mcp.redis_client import connect
 
 DEFAULT_PREFIX = "satgate:tomb:"
 
@@ -32,7 +33,7 @@ class RedisTombstones:
     def __init__(self, url: str, *, timeout: float, prefix: str = DEFAULT_PREFIX,
                  on_remote_delete: Callable[[str], None] = lambda _: None,
                  on_error: Callable[[str], None] = lambda _: None) -> None:
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._redis = connect(url, timeout=timeout)
         self._prefix = prefix
         self.on_remote_delete = on_remote_delete
         self._on_error = on_error

@@ -206,13 +206,11 @@ class RedisRevocationStore:
     """
 
     def __init__(self, url: str, *, key: str = DEFAULT_REDIS_KEY, timeout: float = 0.5) -> None:
-        import redis.asyncio as aioredis  # optional dependency: only needed when configured
-
         from satgate_mcp.pubsub import ChannelFollower
+        from satgate_mcp.redis_client import connect
 
         # A paused or unreachable Redis must fail a command within the timeout, never hang the request.
-        self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
-                                                             socket_connect_timeout=timeout)
+        self._redis: redis.asyncio.Redis = connect(url, timeout=timeout)
         self._key = key
         self._revoked: set[str] = set()
         self._follower = ChannelFollower(url, f"{key}:events", timeout=timeout, on_message=self._published,

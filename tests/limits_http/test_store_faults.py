@@ -10,13 +10,15 @@ timeout. A fault after a call ran never costs the client its answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as redis
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pydantic import SecretStr
@@ -36,7 +38,9 @@ from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
 from satgate_mcp.policy.duplicates import MemoryDuplicateStore, Table
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.limits import Bucket, MemoryRateLimiter, rate_spec
+from satgate_mcp.policy.redis_stores import RedisStores
 from satgate_mcp.settings import Settings
+from satgate_mcp.shared_tombstones import RedisTombstones
 from tests.cluster.redis_server import RedisServer, own_redis
 from tests.fakes import FakePool
 
@@ -289,3 +293,31 @@ async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_
                              headers={**headers(None), "Authorization": f"Bearer {mint_token(key, 'agent')}"})
     assert resp.status == 200
     await authenticator.aclose()
+
+
+async def test_every_redis_client_tries_a_command_once_so_a_paused_redis_costs_it_one_timeout(
+        redis_server: RedisServer) -> None:
+    """redis-py's ``Redis()`` retries three times with backoff by default: none of the gateway's clients may."""
+    timeout = 0.3
+    stores = RedisStores.from_url(redis_server.url, timeout=timeout)
+    tombstones = RedisTombstones(redis_server.url, timeout=timeout)
+    revocations = RedisRevocationStore(redis_server.url, timeout=timeout)
+    operations: dict[str, Callable[[], Awaitable[object]]] = {
+        "charge": lambda: stores.budgets.charge("b", 1.0, limit=5.0, enforce=True),
+        "tombstone": lambda: tombstones.mark("mcp-x", 60),
+        "revoke": lambda: revocations.revoke("tok-x"),
+    }
+    try:
+        await stores.client.ping()
+        await redis_server.pause(5000)
+        for name, operation in operations.items():
+            started = time.monotonic()
+            with contextlib.suppress(redis.RedisError):
+                await operation()
+            took = time.monotonic() - started
+            print(f"{name} with Redis paused: gave up after {took:.3f}s (timeout {timeout}s)")
+            assert took < timeout * 2 + 0.3, name
+    finally:
+        await stores.aclose()
+        await tombstones.aclose()
+        await revocations.aclose()
