@@ -1,5 +1,6 @@
-"""Redis killed mid-run under two real gateway processes (issue 14), on a redis-server the test starts itself:
-A fails closed, B fails open. While Redis is gone both keep serving what needs no store (``tools/list``,
+"""Redis paused, then killed mid-run under two real gateway processes (issue 14), on a redis-server the test
+starts itself: A fails closed, B fails open. A paused Redis costs a metered call at most about the timeout on
+either. While Redis is gone both keep serving what needs no store (``tools/list``,
 ``ping``, a session resumed from the other machine); a metered call is 503 + Retry-After on A and admitted
 on B; ``/readyz`` drains A only. Once Redis is back, both meter calls again within 3 s, with no restart, and
 their revocation mirrors follow it again (a revoke made then is refused on both).
@@ -24,6 +25,7 @@ RECOVERY = 3.0
 SPREAD = 1.0
 POLL_PAUSE = 0.05
 TEST_TIMEOUT = 60.0
+PAUSE_MS = 3000
 
 
 async def readyz(http: httpx2.AsyncClient, gw: GatewayProcess) -> tuple[int, str]:
@@ -44,6 +46,15 @@ async def test_redis_killed_mid_run_costs_no_session_and_everything_recovers_wit
         on_closed, on_opened = await client.initialize(closed), await client.initialize(opened)
         assert (await client.echo(closed, on_closed, 1, "before")).outcome == "served"
         assert (await client.echo(opened, on_opened, 2, "before")).outcome == "served"
+
+        await server.pause(PAUSE_MS)  # first paused (connections up, every command waits), then gone
+        for gw, session, outcome in ((closed, on_closed, "store_unavailable"), (opened, on_opened, "served")):
+            started = time.monotonic()
+            answer = await client.echo(gw, session, 10, "paused")
+            took = time.monotonic() - started
+            print(f"Redis paused: {answer.status} {answer.outcome} after {took:.3f}s (SATGATE_REDIS_TIMEOUT=0.5)")
+            assert answer.outcome == outcome
+            assert took < 0.5 * 2 + 0.5
 
         server.kill()
         refused = await client.echo(closed, on_closed, 3, "during")
@@ -70,7 +81,7 @@ async def test_redis_killed_mid_run_costs_no_session_and_everything_recovers_wit
                 await asyncio.sleep(POLL_PAUSE)
         print(f"both gateways meter calls again {time.monotonic() - back:.3f}s after Redis returned")
         assert await readyz(http, closed) == (200, "up")
-        assert [e["tool"] for e in opened.events("fail_open_admission")] == ["echo"]
+        assert [e["tool"] for e in opened.events("fail_open_admission")] == ["echo", "echo"]
 
         # The revocation mirrors followed Redis again by themselves: a revoke now is refused on both.
         await closed.cli("token", "revoke", client_id)
@@ -80,4 +91,4 @@ async def test_redis_killed_mid_run_costs_no_session_and_everything_recovers_wit
                 assert time.monotonic() - revoked_at < SPREAD, f"{gw.url} serves a token revoked after the outage"
                 await asyncio.sleep(POLL_PAUSE)
         metrics = (await http.get(f"{opened.url}/metrics")).text
-        assert "satgate_fail_open_admissions_total 1.0" in metrics
+        assert "satgate_fail_open_admissions_total 2.0" in metrics
