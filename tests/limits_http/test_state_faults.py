@@ -113,6 +113,8 @@ async def test_a_locked_state_database_refuses_metered_calls_with_503_keeps_the_
         assert refused_again[0] == 503
         assert (await rpc(client, session, 5, "tools/list"))[0] == 200  # needs no store
         assert (await rpc(client, session, 6, "ping"))[0] == 200
+        budget_while_locked = await rpc(client, session, 9, "satgate/budget")  # a store read: 503, never -32603
+        assert (budget_while_locked[0], budget_while_locked[2]["error"]["data"]["error"]) == (503, "store_unavailable")
         assert await readyz(client) == (503, "down")
     finally:
         locker.release()
