@@ -15,7 +15,7 @@ from aiohttp import web
 
 from satgate_mcp.auth.base import Authenticator
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.revocation import revocation_files
+from satgate_mcp.auth.revocation import revocation_files, start_revocations
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.keys import (
@@ -118,6 +118,8 @@ def create_app(
         probe = RedisProbe(settings.redis_url, settings.redis_timeout)
         app[STORE_PROBE] = probe
         owned.append(probe.aclose)
+    elif state is not None:
+        app[STORE_PROBE] = state.probe  # the state database: locked, unwritable or corrupt is "down"
 
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
@@ -148,6 +150,13 @@ def create_app(
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())
 
+    revocations = getattr(authenticator, "revocations", None)
+    if revocations is not None:
+
+        async def load_revocations(app: web.Application) -> None:
+            start_revocations(revocations)  # the Redis mirror loads now, not on the first request
+
+        app.on_startup.append(load_revocations)
     if tombstones is not None:
         shared = app[TOMBSTONES] = tombstones
 

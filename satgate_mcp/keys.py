@@ -33,7 +33,7 @@ class StoreProbe(Protocol):
     async def __call__(self) -> bool: ...
 
 
-#: Present when a shared store (Redis) is configured.
+#: Present when a store is configured: Redis, or the state database (SATGATE_STATE_DIR).
 STORE_PROBE = web.AppKey("store_probe", StoreProbe)
 
 #: Present when DELETEs are shared through Redis (tests await its ``following`` and ``applied``).

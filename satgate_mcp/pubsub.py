@@ -4,6 +4,10 @@ Subscribe first, then let the owner load what it needs (so nothing published mea
 then hand every message to the owner; after any fault start over, at least every ``resync_interval``
 while Redis is down. redis-py's asyncio ``get_message`` can swallow a cancellation, so ``aclose``
 tells the loop to stop and closes its connection under it, and waits for it a bounded time only.
+
+Keys live in the URL's database, but Redis has one pub/sub space for all its databases: a channel is
+therefore named for its database (``channel_in``), so deployments on two databases of one server never
+hear each other's revocations or DELETEs. Database 0 keeps the plain name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as redis
 import structlog
 
+from satgate_mcp.redis_client import subscriber
+
 RESYNC_INTERVAL_SECONDS = 0.5
 CLOSE_WAIT_SECONDS = 1.0
 
@@ -23,6 +29,12 @@ log = structlog.get_logger("satgate_mcp.pubsub")
 
 async def _nothing() -> None:
     return None
+
+
+def channel_in(url: str, channel: str) -> str:
+    """``channel`` as published and followed for the database ``url`` names (``channel@db<N>``; db 0: as is)."""
+    db = int(redis.connection.parse_url(url).get("db", 0) or 0)
+    return channel if db == 0 else f"{channel}@db{db}"
 
 
 def text_of(value: object) -> str:
@@ -34,8 +46,9 @@ class ChannelFollower:
                  on_subscribed: Callable[[], Awaitable[None]] = _nothing, lost_event: str = "pubsub_lost",
                  resync_interval: float = RESYNC_INTERVAL_SECONDS) -> None:
         # The subscriber waits for messages: no read timeout, a health-check ping instead.
-        self._client = redis.Redis.from_url(url, socket_connect_timeout=timeout, health_check_interval=1)
-        self._channel = channel
+        self._client = subscriber(url, timeout=timeout)
+        #: The channel as Redis knows it: named for the URL's database.
+        self.channel = channel_in(url, channel)
         self._on_message = on_message
         self._on_subscribed = on_subscribed
         self._lost_event = lost_event
@@ -53,7 +66,7 @@ class ChannelFollower:
         while not self._closing:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
+                await pubsub.subscribe(self.channel)
                 await self._on_subscribed()
                 self.following.set()
                 while not self._closing:
@@ -62,7 +75,7 @@ class ChannelFollower:
                         self._on_message(text_of(message["data"]))
             except (redis.RedisError, OSError, TimeoutError) as exc:
                 if self.following.is_set():
-                    log.warning(self._lost_event, channel=self._channel, error=type(exc).__name__)
+                    log.warning(self._lost_event, channel=self.channel, error=type(exc).__name__)
                 self.following.clear()
             finally:
                 with contextlib.suppress(Exception):

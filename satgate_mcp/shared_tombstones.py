@@ -20,6 +20,7 @@ import redis.asyncio as redis
 import structlog
 
 from satgate_mcp.pubsub import ChannelFollower
+from satgate_mcp.redis_client import connect
 
 DEFAULT_PREFIX = "satgate:tomb:"
 
@@ -32,12 +33,11 @@ class RedisTombstones:
     def __init__(self, url: str, *, timeout: float, prefix: str = DEFAULT_PREFIX,
                  on_remote_delete: Callable[[str], None] = lambda _: None,
                  on_error: Callable[[str], None] = lambda _: None) -> None:
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._redis = connect(url, timeout=timeout)
         self._prefix = prefix
-        self._channel = f"{prefix}events"
         self.on_remote_delete = on_remote_delete
         self._on_error = on_error
-        self._follower = ChannelFollower(url, self._channel, timeout=timeout, on_message=self._published,
+        self._follower = ChannelFollower(url, f"{prefix}events", timeout=timeout, on_message=self._published,
                                          lost_event="shared_tombstones_unfollowed")
         #: Set once the subscription is live (tests await it before a DELETE elsewhere).
         self.following = self._follower.following
@@ -51,7 +51,7 @@ class RedisTombstones:
         """Write the tombstone and tell the others; False (logged, counted) when Redis could not take it."""
         try:
             await self._redis.set(self._prefix + session_id, b"1", ex=max(1, int(ttl)))
-            await self._redis.publish(self._channel, session_id)
+            await self._redis.publish(self._follower.channel, session_id)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._on_error("tombstone_mark")
             log.warning("shared_tombstone_not_written", session_id=session_id, error=type(exc).__name__)

@@ -206,23 +206,24 @@ class RedisRevocationStore:
     """
 
     def __init__(self, url: str, *, key: str = DEFAULT_REDIS_KEY, timeout: float = 0.5) -> None:
-        import redis.asyncio as aioredis  # optional dependency: only needed when configured
-
         from satgate_mcp.pubsub import ChannelFollower
+        from satgate_mcp.redis_client import connect
 
         # A paused or unreachable Redis must fail a command within the timeout, never hang the request.
-        self._redis: redis.asyncio.Redis = aioredis.from_url(url, socket_timeout=timeout,
-                                                             socket_connect_timeout=timeout)
+        self._redis: redis.asyncio.Redis = connect(url, timeout=timeout)
         self._key = key
-        self._channel = f"{key}:events"
         self._revoked: set[str] = set()
-        self._follower = ChannelFollower(url, self._channel, timeout=timeout, on_message=self._published,
+        self._follower = ChannelFollower(url, f"{key}:events", timeout=timeout, on_message=self._published,
                                          on_subscribed=self._load, lost_event="revocation_sync_lost")
         #: Set once the mirror holds the whole set; cleared while the subscription is down.
         self.synced = self._follower.following
         #: Set whenever a published revocation reached the mirror (tests await it).
         self.changed = asyncio.Event()
         self._ever_synced = False
+
+    def start(self) -> None:
+        """Begin following (the daemon does at start-up, so the mirror is loaded before the first request)."""
+        self._follower.start()
 
     async def is_revoked(self, token_id: str) -> bool:
         self._follower.start()
@@ -238,7 +239,7 @@ class RedisRevocationStore:
     async def revoke(self, token_id: str) -> None:
         check_token_id(token_id)
         await self._redis.sadd(self._key, token_id)
-        await self._redis.publish(self._channel, token_id)
+        await self._redis.publish(self._follower.channel, token_id)
         self._revoked.add(token_id)
 
     async def _load(self) -> None:
@@ -273,10 +274,21 @@ class UnionRevocationStore:
         for store in self.stores:
             await store.revoke(token_id)
 
+    def start(self) -> None:
+        for store in self.stores:
+            start_revocations(store)
+
     async def aclose(self) -> None:
         for store in self.stores:
             with contextlib.suppress(Exception):
                 await store.aclose()
+
+
+def start_revocations(store: object) -> None:
+    """Start what follows a shared store (the Redis mirror) inside ``store``; the others need nothing."""
+    start = getattr(store, "start", None)
+    if callable(start):
+        start()
 
 
 def revocation_files(store: object) -> list[FileRevocationStore]:

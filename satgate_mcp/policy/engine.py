@@ -9,16 +9,19 @@ session id (with the token id, request id and params), by design: it recognises 
 re-sending one call, which a resumed session does under the same id. Identical copies in flight
 share one execution (``run``, shared_calls.py); who pays is duplicates.py's. How a call settles
 is decided purely in settlement.py from its ``Role`` and what happened; this module carries it out.
-An empty session id (stateless requests) turns the guard off for that call.
+An empty session id (stateless requests) turns the guard off for that call. The store time of a
+whole call, admission and settlement together, is bounded by one allowance (store_time.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -60,6 +63,7 @@ from satgate_mcp.policy.limits import (
 )
 from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
 from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
+from satgate_mcp.policy.store_time import StoreTime
 from satgate_mcp.settings import Settings
 
 try:
@@ -101,6 +105,8 @@ class Admission:
     duplicate_key: str | None = None
     #: The execution identical copies share; None when the guard is off.
     shared: SharedCall | None = None
+    #: What is left of the call's store time; settlement spends from the same allowance as admission.
+    store_time: StoreTime = field(default_factory=lambda: StoreTime(None))
 
     @property
     def duplicate(self) -> bool:
@@ -127,6 +133,7 @@ class Parts(TypedDict, total=False):
     duplicate_ttl: float
     new_id: Callable[[], str]
     on_close: Sequence[Callable[[], Awaitable[None]]]
+    store_timeout: float | None
 
 
 class CallPolicy:
@@ -156,11 +163,13 @@ class CallPolicy:
         new_id: Callable[[], str] = lambda: secrets.token_hex(12),
         on_close: Sequence[Callable[[], Awaitable[None]]] = (),
         fail_open: bool = False,
+        store_timeout: float | None = None,
     ) -> None:
         """``rate`` and ``tool_rates`` limit each token family; ``costs`` (by tool pattern, else
         ``default_cost``) are charged to budgets that start at the caveat's limit or the operator's
         ``operator_budgets`` entry; ``enforcement`` is ``"control"`` (refuse) or ``"observe"``
-        (charge and report). ``root_key`` mints delegated children; None refuses delegation."""
+        (charge and report). ``root_key`` mints delegated children; None refuses delegation.
+        ``store_timeout`` is the store time one call may spend in all (None: unbounded)."""
         self._publisher = publisher
         self._metrics = metrics
         self._rate = rate
@@ -181,6 +190,9 @@ class CallPolicy:
         self._on_close = tuple(on_close)
         self._in_flight = InFlight()
         self._fail_open = fail_open
+        self._store_timeout = store_timeout
+        #: Records of refused calls tidied up after the refusal was answered (their call's store time was spent).
+        self._tidying: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
@@ -193,9 +205,12 @@ class CallPolicy:
 
             stores = RedisStores.from_url(settings.redis_url, timeout=settings.redis_timeout)
             parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
-                     "duplicates": stores.duplicates, "on_close": [stores.aclose], **parts}
+                     "duplicates": stores.duplicates, "on_close": [stores.aclose],
+                     "store_timeout": settings.redis_timeout, **parts}
         elif state is not None:
-            parts = {"budgets": state.budgets, "duplicates": state.duplicates, **parts}
+            # The state database gets the same bound: a locked or failing file must not hang a call either.
+            parts = {"budgets": state.budgets, "duplicates": state.duplicates,
+                     "store_timeout": settings.redis_timeout, **parts}
         root_key = settings.root_key if settings.auth_mode == "header" else None
         return cls(
             publisher=publisher, metrics=metrics,
@@ -216,11 +231,12 @@ class CallPolicy:
 
         A store that cannot answer (Redis down or paused past its timeout, the state database
         unusable) is the gateway's fault: closed, the call is refused as ``store_unavailable`` (the
-        transport answers 503 + Retry-After); open, it is admitted unmetered and counted.
+        transport answers 503 + Retry-After); open, it is admitted unmetered and counted. Every store
+        operation of the call shares one allowance of store time, so a slow store costs it that at most.
         """
         try:
             return await self._admit(identity, method=method, tool=tool, session_id=session_id,
-                                     request_id=request_id, params=params)
+                                     request_id=request_id, params=params, store_time=StoreTime(self._store_timeout))
         except STORE_ERRORS as exc:
             self._metrics.store_errors.labels(op="admit").inc()
             log.warning("store_unavailable", op="admit", error=type(exc).__name__, token_id=identity.token_id,
@@ -233,10 +249,10 @@ class CallPolicy:
             return Admission(identity, tool, Role.UNMETERED)
 
     async def _admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
-                     request_id: RequestId, params: JsonObj | None) -> Admission:
+                     request_id: RequestId, params: JsonObj | None, store_time: StoreTime) -> Admission:
         if method in UNMETERED_METHODS:
             return Admission(identity, tool, Role.UNMETERED)
-        await self._check_rate(identity, method, tool if method == TOOLS_CALL else None)
+        await self._check_rate(identity, method, tool if method == TOOLS_CALL else None, store_time)
         if method != TOOLS_CALL:
             return Admission(identity, tool, Role.UNMETERED)
 
@@ -244,24 +260,35 @@ class CallPolicy:
         cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
         limit = initial_limit(identity, self._operator_budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
-            return await self._charge(Admission(identity, tool, Role.UNGUARDED), cost, limit)
+            return await self._charge(Admission(identity, tool, Role.UNGUARDED, store_time=store_time), cost, limit)
         key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
-            return await self._admit_free(Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared),
-                                          cost, limit)
+            return await self._admit_free(Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared,
+                                                    store_time=store_time), cost, limit)
         # Registered before any await, so a copy arriving meanwhile joins this one.
         shared = self._in_flight.open(key)
-        admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared)
+        admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared, store_time=store_time)
         try:
-            admission.role = ROLE_ON_ARRIVAL[Arrival(await self._duplicates.apply(key, ARRIVAL))]
+            arrival = await store_time.run(lambda: self._duplicates.apply(key, ARRIVAL))
+            admission.role = ROLE_ON_ARRIVAL[Arrival(arrival)]
             if admission.role is Role.REPLAY:
                 return await self._admit_free(admission, cost, limit)
             return await self._charge(admission, cost, limit)
         except BaseException as exc:
             shared.fail(exc if isinstance(exc, GatewayError) else cancelled())  # copies share the refusal
-            await self._close(admission, Outcome.REFUSED)
+            if store_time.spent:  # the refusal goes out now; its record is put right when the store answers
+                self._tidy(admission)
+            else:
+                await self._close(admission, Outcome.REFUSED)
             raise
+
+    def _tidy(self, admission: Admission) -> None:
+        """Close a refused admission in the background, with an allowance of its own, logged if it fails."""
+        admission.store_time = StoreTime(self._store_timeout)
+        task = asyncio.ensure_future(self._close_recorded(admission, Outcome.REFUSED))
+        self._tidying.add(task)
+        task.add_done_callback(self._tidying.discard)
 
     async def run(self, admission: Admission, call: UpstreamCall) -> JsonObj:
         """Forward a ``tools/call`` once for every identical copy in flight, then settle it.
@@ -310,15 +337,16 @@ class CallPolicy:
         admission.role = Role.SETTLED
         record_says: str | None = None
         try:
-            if plan.record is not None and admission.duplicate_key is not None:
-                record_says = await self._duplicates.apply(admission.duplicate_key, plan.record)
+            if plan.record is not None and (key := admission.duplicate_key) is not None:
+                record = plan.record
+                record_says = await admission.store_time.run(lambda: self._duplicates.apply(key, record))
         finally:
             # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
             if plan.release and admission.duplicate_key is not None and admission.shared is not None:
                 self._in_flight.release(admission.duplicate_key, admission.shared)
         amount = admission.stake
         if plan.refunds(record_says) and amount:
-            await self._budgets.refund(admission.identity.budget_key, amount)
+            await admission.store_time.run(lambda: self._budgets.refund(admission.identity.budget_key, amount))
             admission.remaining = (admission.remaining or 0.0) + amount
             self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
                                     tool=admission.tool or "", cost=-amount, refund=True,
@@ -326,7 +354,8 @@ class CallPolicy:
 
     async def _charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         identity, name = admission.identity, admission.tool or ""
-        charge = await self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce)
+        charge = await admission.store_time.run(
+            lambda: self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce))
         if charge.exceeded:
             self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
                                     remaining=shown_remaining(charge.remaining if not charge.allowed
@@ -350,19 +379,20 @@ class CallPolicy:
 
     async def _admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
-        admission.remaining = await self._budgets.remaining(admission.identity.budget_key, limit=limit)
+        admission.remaining = await admission.store_time.run(
+            lambda: self._budgets.remaining(admission.identity.budget_key, limit=limit))
         admission.stake = cost if admission.remaining is not None else 0.0
         extra = {"replay": True} if admission.role is Role.REPLAY else {}
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
                                 cost=0, duplicate=True, remaining=shown_remaining(admission.remaining), **extra)
         return admission
 
-    async def _check_rate(self, identity: Identity, method: str, tool: str | None) -> None:
+    async def _check_rate(self, identity: Identity, method: str, tool: str | None, store_time: StoreTime) -> None:
         # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
         buckets = buckets_for(rate_family(identity), tool, overall=self._rate, tool_rates=self._tool_rates)
         if not buckets:
             return
-        wait = await self._limiter.acquire(buckets)
+        wait = await store_time.run(lambda: self._limiter.acquire(buckets))
         if wait <= 0:
             return
         retry = retry_after_seconds(wait)
@@ -375,9 +405,12 @@ class CallPolicy:
     # -- satgate/budget -------------------------------------------------------------------------
 
     async def budget_status(self, identity: Identity) -> JsonObj:
-        """``{tokenId, budgetId, remaining}``; remaining -1 means unlimited."""
+        """``{tokenId, budgetId, remaining}``; remaining -1 means unlimited. A store that cannot answer is
+        ``store_unavailable`` in either fail mode (there is nothing to admit)."""
         limit = initial_limit(identity, self._operator_budgets)
-        remaining = await self._budgets.remaining(identity.budget_key, limit=limit)
+        async with self._store_fault("budget"):
+            remaining = await StoreTime(self._store_timeout).run(
+                lambda: self._budgets.remaining(identity.budget_key, limit=limit))
         return {
             "tokenId": identity.token_id,
             "budgetId": identity.budget_key,
@@ -388,10 +421,24 @@ class CallPolicy:
     # -- satgate/delegate -----------------------------------------------------------------------
 
     async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
-        """Mint a child token whose credits move out of the parent's budget; see delegate.py."""
-        return await self._delegator.delegate(identity, params)
+        """Mint a child token whose credits move out of the parent's budget; see delegate.py. A store
+        that cannot answer is ``store_unavailable`` in either fail mode: no credits move."""
+        async with self._store_fault("delegate"):
+            return await StoreTime(self._store_timeout).run(lambda: self._delegator.delegate(identity, params))
+
+    @contextlib.asynccontextmanager
+    async def _store_fault(self, op: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except STORE_ERRORS as exc:
+            self._metrics.store_errors.labels(op=op).inc()
+            log.warning("store_unavailable", op=op, error=type(exc).__name__)
+            raise store_unavailable() from None
 
     async def close(self) -> None:
+        for task in list(self._tidying):
+            with contextlib.suppress(BaseException):
+                await task
         await self._limiter.close()
         await self._budgets.close()
         await self._duplicates.close()

@@ -21,6 +21,7 @@ import redis.asyncio as redis
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Table
 from satgate_mcp.policy.limits import Bucket
+from satgate_mcp.redis_client import connect
 
 DEFAULT_PREFIX = "satgate:"
 
@@ -229,7 +230,7 @@ class RedisStores:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 0.5) -> RedisStores:
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        client = connect(url, timeout=timeout)
         return cls.from_client(client, prefix=prefix)
 
     async def aclose(self) -> None:
@@ -240,7 +241,7 @@ class RedisProbe:
     """``/readyz``'s look at the shared store: one PING, bounded by the timeout; never raises."""
 
     def __init__(self, url: str, timeout: float) -> None:
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._client = connect(url, timeout=timeout)
         self._timeout = timeout
 
     async def __call__(self) -> bool:

@@ -27,6 +27,7 @@ from satgate_mcp.auth.revocation import (
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.state.sqlite import (
     DB_NAME,
+    REFRESH_WAIT_SECONDS,
     Database,
     SqliteBudgetStore,
     SqliteDuplicateStore,
@@ -73,10 +74,12 @@ class LocalState:
     duplicates: SqliteDuplicateStore
     tombstones: SqliteTombstoneStore
     revocations: SqliteRevocationStore
+    #: How long a look at the database may take (``SATGATE_REDIS_TIMEOUT``: the bound of any store wait).
+    timeout: float = REFRESH_WAIT_SECONDS
 
     @classmethod
     def open(cls, folder: Path, *, clock: Callable[[], float] = time.time,
-             monotonic: Callable[[], float] = time.monotonic) -> LocalState:
+             monotonic: Callable[[], float] = time.monotonic, timeout: float = REFRESH_WAIT_SECONDS) -> LocalState:
         """Create the folder (mode 0700) and the database as needed; ConfigError naming the folder if impossible."""
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -84,7 +87,11 @@ class LocalState:
         except (OSError, StateError) as exc:
             raise ConfigError(f"SATGATE_STATE_DIR={folder}: cannot keep state there: {exc}") from None
         return cls(db, SqliteBudgetStore(db), SqliteDuplicateStore(db), SqliteTombstoneStore(db),
-                   SqliteRevocationStore(db, clock=monotonic))
+                   SqliteRevocationStore(db, clock=monotonic, wait=timeout), timeout)
+
+    async def probe(self) -> bool:
+        """Whether the database takes a job now, within the timeout: what ``/readyz`` reports as ``store``."""
+        return await self.db.usable(self.timeout)
 
     def revocations_with(self, configured: RevocationStore) -> RevocationStore:
         """The daemon's revocations: the state folder's, with the configured file if there is one."""
@@ -99,7 +106,7 @@ class LocalState:
 def open_state(settings: StateSettings, environ: Mapping[str, str] | None = None) -> LocalState | None:
     """The durable stores of one machine, or None when Redis is configured or the state is ``memory``."""
     folder = state_folder(settings, environ)
-    return None if folder is None else LocalState.open(folder)
+    return None if folder is None else LocalState.open(folder, timeout=settings.redis_timeout)
 
 
 def cli_revocations(settings: StateSettings) -> RevocationStore | None:

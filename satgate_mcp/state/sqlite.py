@@ -13,6 +13,12 @@ committed transaction is in the WAL and survives the process being killed; only 
 lose the last ones.
 
 Stored times are wall-clock seconds: they must mean the same after a restart and in another process.
+
+Faults (the database locked by another process past ``busy_timeout``, unwritable, corrupt) are store
+faults like a Redis outage: the caller bounds its wait (the policy's store time), and a job whose
+caller stopped waiting before the worker reached it is dropped, never run later: a call refused with
+503 is not charged once the lock goes away. (A job the worker already started completes; its caller,
+if it gave up in that instant, was refused anyway.)
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ DB_NAME = "satgate.db"
 SCHEMA_VERSION = 1
 #: How long a writer waits for another process's transaction before giving up.
 BUSY_TIMEOUT_SECONDS = 5.0
+#: How long a revocation lookup waits for the database's news before answering from what it holds.
+REFRESH_WAIT_SECONDS = 0.5
 #: The one read on the event loop (a resume's tombstone lookup) waits at most this long.
 LOOP_READ_TIMEOUT_SECONDS = 0.05
 #: Expired rows (child budgets, duplicate records, tombstones) are deleted at most this often.
@@ -166,8 +174,12 @@ class Database:
         conn = self._conn
         outcomes: list[tuple[Any, BaseException | None]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for job, _ in batch:
+            conn.execute("BEGIN IMMEDIATE")  # with the lock held elsewhere, this is where the wait is
+            for job, future in batch:
+                # Read across threads on purpose: a caller that gave up cancelled its future; skip its job.
+                if future is not None and future.cancelled():
+                    outcomes.append((None, None))
+                    continue
                 conn.execute("SAVEPOINT job")
                 try:
                     outcomes.append((job(conn), None))
@@ -207,7 +219,9 @@ class Database:
             _log.warning("state_purge_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``fn(connection)`` on the worker, atomic and committed when it returns; one process's jobs run in order."""
+        """``fn(connection)`` on the worker, atomic and committed when it returns; one process's jobs run in order.
+
+        Cancelling the wait (a timeout) drops the job unless the worker has already begun it."""
         if self._closed:
             raise StateError(f"{self.path} is closed")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -218,6 +232,15 @@ class Database:
         """Write behind: queued after every job already asked for; a failure is logged."""
         if not self._closed:
             self._queue.put((fn, None))
+
+    async def usable(self, timeout: float) -> bool:
+        """``/readyz``'s look: a job through the worker (so the write lock too) within ``timeout``; never raises."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.run(lambda conn: conn.execute("SELECT 1 FROM budgets LIMIT 1").fetchall())
+        except (sqlite3.Error, StateError, TimeoutError):
+            return False
+        return True
 
     def read_now(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """A read on the caller's own thread (the event loop): only for rare point lookups and start-up."""
@@ -391,14 +414,17 @@ class SqliteRevocationStore:
     """Revoked ids in the state database: what ``token revoke`` writes when nothing else is configured.
 
     Answers come from a set in memory, loaded at start and topped up with the rows added since
-    (one indexed read, at most once per ``check_interval``, awaited by the lookup that is due), so a
-    revocation from the CLI or another process is refused within that interval. Ids never leave the
-    set while the process lives, as with the revocation file.
+    (one indexed read, at most once per ``check_interval``, awaited by the lookup that is due, for at
+    most ``wait``), so a revocation from the CLI or another process is refused within that interval.
+    A database that cannot answer keeps the ids known so far. Ids never leave the set while the process
+    lives, as with the revocation file.
     """
 
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.monotonic,
-                 check_interval: float = DEFAULT_CHECK_INTERVAL, owns_db: bool = False) -> None:
+                 check_interval: float = DEFAULT_CHECK_INTERVAL, owns_db: bool = False,
+                 wait: float = REFRESH_WAIT_SECONDS) -> None:
         self._db = db
+        self._wait = wait
         self._clock = clock
         self._interval = check_interval
         self._owns_db = owns_db
@@ -427,8 +453,9 @@ class SqliteRevocationStore:
         """Take in what was revoked since the last look; a failing database keeps the ids known so far."""
         seq = self._seq
         try:
-            rows = await self._db.run(lambda conn: conn.execute(_NEW_REVOCATIONS, (seq,)).fetchall())
-        except sqlite3.Error as exc:
+            async with asyncio.timeout(self._wait):  # a locked database must not hold up the token check
+                rows = await self._db.run(lambda conn: conn.execute(_NEW_REVOCATIONS, (seq,)).fetchall())
+        except (sqlite3.Error, StateError, TimeoutError) as exc:
             if not self._failing:
                 _log.warning("revocation_state_unreadable", path=str(self._db.path),
                              error=f"{type(exc).__name__}: {exc}", kept_revoked_ids=len(self._ids))

@@ -40,8 +40,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.StreamResponse:
-    """Ready only when every upstream is initialized and (closed fail mode) the shared store answers: a proxy
-    should not send calls that would fail."""
+    """Ready only when every upstream is initialized and (closed fail mode) the store (Redis, or the state
+    database) answers: a proxy should not send calls that would fail."""
     refusal = host_origin_refusal(request, request.app[SETTINGS])
     if refusal:
         return refusal_answer(refusal)

@@ -12,11 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +31,18 @@ from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.auth.revocation import RedisRevocationStore
+from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.budget import MemoryBudgetStore
+from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
+from satgate_mcp.policy.duplicates import MemoryDuplicateStore, Table
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.policy.limits import Bucket, MemoryRateLimiter, rate_spec
+from satgate_mcp.policy.redis_stores import RedisStores
 from satgate_mcp.settings import Settings
+from satgate_mcp.shared_tombstones import RedisTombstones
 from tests.answers import read_answer
+from tests.cluster.redis_server import RedisServer, own_redis
 from tests.fakes import FakePool
 
 TOKEN = "store-fault-static-token-0123456789"
@@ -47,74 +50,19 @@ VERSION = "2025-11-25"
 #: What a paused or dead Redis may cost one call: the configured timeout, with room for a loaded machine.
 REDIS_TIMEOUT = 0.5
 BOUND = REDIS_TIMEOUT * 4
-START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """A redis-server of this test's own, on a free port, that it may kill and start again."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def spawn(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    async def start(self) -> None:
-        self.spawn()
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                while True:  # a fresh server has nothing to await but its port
-                    with contextlib.suppress(OSError, redis.RedisError):
-                        if await client.ping():
-                            return
-                    await asyncio.sleep(0.05)
-        finally:
-            await client.aclose()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-
-    async def pause(self, milliseconds: int) -> None:
-        client = redis.Redis.from_url(self.url)
-        try:
-            await client.client_pause(milliseconds)
-        finally:
-            await client.aclose()
 
 
 @pytest.fixture
 async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path)
-    await server.start()
-    yield server
-    server.kill()
+    async with own_redis(tmp_path) as server:
+        yield server
 
 
 async def gateway(aiohttp_client: AiohttpClient, redis_url: str, **overrides: Any
                   ) -> TestClient[web.Request, web.Application]:
+    chosen: dict[str, Any] = {"rate_limit": "1000/s", **overrides}
     settings = Settings(auth_mode="config", static_token=SecretStr(TOKEN), redis_url=redis_url,
-                        redis_timeout=REDIS_TIMEOUT, rate_limit="1000/s", budgets={"static": 100.0},
-                        enforcement="control", **overrides)
+                        redis_timeout=REDIS_TIMEOUT, budgets={"static": 100.0}, enforcement="control", **chosen)
     return await aiohttp_client(create_app(settings, pool=FakePool()))
 
 
@@ -174,16 +122,21 @@ async def test_redis_killed_refuses_metered_calls_with_503_keeps_the_rest_and_re
     assert (ready.status, (await ready.json())["store"]) == (200, "up")
 
 
+@pytest.mark.parametrize("rate_limit", ["1000/s", None], ids=["rate-bucket-first", "duplicate-record-first"])
 async def test_a_paused_redis_costs_a_call_at_most_the_timeout(aiohttp_client: AiohttpClient,
-                                                               redis_server: RedisServer) -> None:
-    client = await gateway(aiohttp_client, redis_server.url)
+                                                               redis_server: RedisServer, rate_limit: str | None
+                                                               ) -> None:
+    """CLIENT PAUSE: the connection stays up and every command waits; the call's store work (rate bucket,
+    duplicate record, charge, the refusal's clean-up) shares one deadline."""
+    client = await gateway(aiohttp_client, redis_server.url, rate_limit=rate_limit)
     session = await session_of(client)
     assert (await rpc(client, session, 2, "tools/call", echo("warm")))[0] == 200
     await redis_server.pause(3000)
-    status, _, body, took = await rpc(client, session, 3, "tools/call", echo("paused"))
-    assert status == 503
+    status, sent, body, took = await rpc(client, session, 3, "tools/call", echo("paused"))
+    print(f"paused Redis: 503 after {took:.3f}s (SATGATE_REDIS_TIMEOUT={REDIS_TIMEOUT})")
+    assert (status, sent["Retry-After"]) == (503, "1")
     assert body["error"]["data"]["error"] == "store_unavailable"
-    assert took < BOUND
+    assert took < REDIS_TIMEOUT * 2 + 0.5
 
 
 async def test_fail_open_admits_the_call_unmetered_and_counts_it(aiohttp_client: AiohttpClient,
@@ -246,3 +199,126 @@ async def test_header_mode_keeps_authenticating_from_the_revocation_mirror_while
                                headers={**headers(session), **auth})
     assert called.status == 503
     await authenticator.aclose()
+
+
+# --- one allowance of store time per call (issue 14: "retries included") ------------------------------------
+
+SLOW = 0.45  # each store operation of a slow store: under the timeout, but three in a row are not
+STORE_UNAVAILABLE = {"error": "store_unavailable", "retry_after_seconds": 1}
+
+
+class SlowRates(MemoryRateLimiter):
+    async def acquire(self, buckets: Sequence[Bucket]) -> float:
+        wait = await super().acquire(buckets)
+        await asyncio.sleep(SLOW)
+        return wait
+
+
+class SlowRecords(MemoryDuplicateStore):
+    """Applies at once (as a Redis script that ran), then its answer is slow to come back."""
+
+    async def apply(self, key: str, table: Table) -> str:
+        outcome = await super().apply(key, table)
+        await asyncio.sleep(SLOW)
+        return outcome
+
+
+class SlowBudgets(MemoryBudgetStore):
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+        await asyncio.sleep(SLOW)
+        return await super().charge(key, cost, limit=limit, enforce=enforce)
+
+
+async def test_a_call_waits_on_a_slow_store_at_most_the_timeout_in_all_not_once_per_operation() -> None:
+    """Rate bucket, duplicate record and charge are each answered within the timeout, yet together they
+    would cost a call three times it (four with the refusal's clean-up): the call's store work has one
+    deadline, and the record it left is put right after the refusal went out."""
+    records = SlowRecords()
+    policy = CallPolicy(publisher=RecordingPublisher(), metrics=Metrics(), rate=rate_spec("100/s", None),
+                        rate_limiter=SlowRates(), duplicates=records, budgets=SlowBudgets(),
+                        operator_budgets={"t": 10}, enforcement="control", store_timeout=REDIS_TIMEOUT)
+    started = time.monotonic()
+    with pytest.raises(GatewayError) as refused:
+        await policy.admit(Identity(token_id="t"), method="tools/call", tool="echo", session_id="s", request_id=1,
+                           params=echo("x"))
+    took = time.monotonic() - started
+    print(f"refused after {took:.3f}s (timeout {REDIS_TIMEOUT}s; unbounded it would be {4 * SLOW:.2f}s)")
+    assert refused.value.data == STORE_UNAVAILABLE
+    assert took < REDIS_TIMEOUT * 2
+    assert len(records) == 1  # the arrival was recorded before its answer timed out
+    await policy.close()  # waits for the clean-up that runs after the refusal
+    assert len(records) == 0  # ... and is gone again, so a re-send is charged like a first copy
+
+
+class DeadBudgets(MemoryBudgetStore):
+    async def remaining(self, key: str, *, limit: float | None) -> float | None:
+        raise ConnectionError("store went away")
+
+    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
+                       ttl: float | None = None) -> Charge:
+        raise ConnectionError("store went away")
+
+
+@pytest.mark.parametrize("fail_mode", ["closed", "open"])
+async def test_satgate_budget_and_delegate_answer_store_unavailable_never_an_internal_error(fail_mode: str) -> None:
+    metrics = Metrics()
+    policy = CallPolicy(publisher=RecordingPublisher(), metrics=metrics, budgets=DeadBudgets(),
+                        operator_budgets={"t": 10}, enforcement="control", root_key="k" * 32,
+                        fail_open=fail_mode == "open", store_timeout=REDIS_TIMEOUT)
+    identity = Identity(token_id="t")
+    with pytest.raises(GatewayError) as status:
+        await policy.budget_status(identity)
+    assert status.value.data == STORE_UNAVAILABLE
+    with pytest.raises(GatewayError) as delegated:
+        await policy.delegate(identity, {"budget": 1, "ttl": 60})
+    assert delegated.value.data == STORE_UNAVAILABLE
+    assert metrics.store_errors.labels(op="budget")._value.get() == 1
+    assert metrics.store_errors.labels(op="delegate")._value.get() == 1
+
+
+async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_first_request_costs_nothing(
+        aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
+    key = "store-fault-startup-root-key-0123456789abcdef"
+    settings = Settings(auth_mode="header", root_key=SecretStr(key), redis_url=redis_server.url,
+                        redis_timeout=REDIS_TIMEOUT, enforcement="control")
+    authenticator = authenticator_from_settings(settings)
+    assert isinstance(authenticator, MacaroonAuthenticator)
+    mirror = authenticator.revocations
+    assert isinstance(mirror, RedisRevocationStore)
+    client = await aiohttp_client(create_app(settings, pool=FakePool(), authenticator=authenticator))
+    await asyncio.wait_for(mirror.synced.wait(), 5)  # no request was made: the start-up loaded it
+    redis_server.kill()
+    body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
+                                                     "clientInfo": {"name": "t", "version": "1"}})
+    resp = await client.post("/mcp", data=json.dumps(body),
+                             headers={**headers(None), "Authorization": f"Bearer {mint_token(key, 'agent')}"})
+    assert resp.status == 200
+    await authenticator.aclose()
+
+
+async def test_every_redis_client_tries_a_command_once_so_a_paused_redis_costs_it_one_timeout(
+        redis_server: RedisServer) -> None:
+    """redis-py's ``Redis()`` retries three times with backoff by default: none of the gateway's clients may."""
+    timeout = 0.3
+    stores = RedisStores.from_url(redis_server.url, timeout=timeout)
+    tombstones = RedisTombstones(redis_server.url, timeout=timeout)
+    revocations = RedisRevocationStore(redis_server.url, timeout=timeout)
+    operations: dict[str, Callable[[], Awaitable[object]]] = {
+        "charge": lambda: stores.budgets.charge("b", 1.0, limit=5.0, enforce=True),
+        "tombstone": lambda: tombstones.mark("mcp-x", 60),
+        "revoke": lambda: revocations.revoke("tok-x"),
+    }
+    try:
+        await stores.client.ping()
+        await redis_server.pause(5000)
+        for name, operation in operations.items():
+            started = time.monotonic()
+            with contextlib.suppress(redis.RedisError):
+                await operation()
+            took = time.monotonic() - started
+            print(f"{name} with Redis paused: gave up after {took:.3f}s (timeout {timeout}s)")
+            assert took < timeout * 2 + 0.3, name
+    finally:
+        await stores.aclose()
+        await tombstones.aclose()
+        await revocations.aclose()
