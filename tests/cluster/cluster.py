@@ -20,6 +20,7 @@ import pytest
 import redis.asyncio as redis
 
 from satgate_mcp.auth.macaroons import mint_token
+from tests.answers import decode_answer
 from tests.gateway_process import GatewayProcess
 
 ROOT_KEY = "cluster-tests-root-key-0123456789abcdefghij"
@@ -133,7 +134,9 @@ class Mcp:
         if params is not None:
             message["params"] = params
         resp = await self.http.post(f"{gw.url}/mcp", content=json.dumps(message), headers=self.headers(session))
-        body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
+        content_type = resp.headers.get("content-type", "").partition(";")[0]
+        body = (decode_answer(content_type, resp.content) if content_type in ("application/json", "text/event-stream")
+                else resp.text)
         return Answer(resp.status_code, dict(resp.headers), body)
 
     async def initialize(self, gw: GatewayProcess) -> str:

@@ -25,6 +25,7 @@ from satgate_mcp.app import create_app
 from satgate_mcp.settings import Settings
 from satgate_mcp.state import LocalState
 from satgate_mcp.state.sqlite import DB_NAME
+from tests.answers import read_answer
 from tests.fakes import FakeClock, FakePool
 
 TOKEN = "state-fault-static-token-0123456789"
@@ -63,7 +64,7 @@ async def rpc(client: Client, session: str, request_id: int, method: str,
     started = time.monotonic()
     resp = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(request_id, method, params)),
                              headers=headers(session))
-    return resp.status, dict(resp.headers), await resp.json(), time.monotonic() - started
+    return resp.status, dict(resp.headers), await read_answer(resp), time.monotonic() - started
 
 
 def echo(text: str) -> dict[str, Any]:
