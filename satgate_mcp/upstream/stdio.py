@@ -55,9 +55,13 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         ready_grace: float = 2.0,
         stop_grace: float = 1.0,
         terminate_timeout: float = 3.0,
+        instance: str | None = None,
     ) -> None:
+        """``instance``: which of an isolated upstream's children this is (its owner, or "catalogue"), for logs."""
         super().__init__(name, spec, transport="stdio", send=self._write, publisher=publisher, metrics=metrics,
                          restart_policy=restart_policy)
+        if instance is not None:
+            self._log = self._log.bind(instance=instance)
         self._ready_grace = ready_grace
         self._stop_grace = stop_grace
         self._terminate_timeout = terminate_timeout
