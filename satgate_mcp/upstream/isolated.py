@@ -32,7 +32,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import CALLER, Caller, NotificationCallback, ProgressCallback
+from satgate_mcp.upstream.base import CALLER, Caller, NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.stdio import StdioUpstream
 
@@ -98,6 +98,8 @@ class _Child:
     sessions: set[str] = field(default_factory=set)
     #: The log level last sent to this child (None: never set).
     level: str | None = None
+    #: Whether it was ready once (until then a request waits for the handshake, not the restart grace).
+    started: bool = False
 
 
 class IsolatedUpstream:
@@ -197,6 +199,8 @@ class IsolatedUpstream:
         child = self._children.get(key)
         if child is not None:
             child.last_used = self._clock()
+            if not child.started:
+                await self._first_ready(child)
             return child
         if self._closed:
             raise UpstreamUnavailable(f"upstream {self.name!r} is shutting down", {"upstream": self.name},
@@ -213,7 +217,21 @@ class IsolatedUpstream:
         self._instances.set(len(self._children))
         self._log.info("upstream_instance_spawning", owner=key, instances=len(self._children))
         await self._start_child(child.upstream, child)
+        await self._first_ready(child)
         return child
+
+    async def _first_ready(self, child: _Child) -> None:
+        """A new child gets the handshake's time to come up (a restarting one only a short grace, as any child).
+
+        One that never does is reaped: the next request tries a fresh one.
+        """
+        if await child.upstream.wait_ready(initialize_timeout(self._spec.timeout)):
+            child.started = True
+            return
+        if self._children.get(child.key) is child:
+            self._reap(child.key, "never_ready")
+        raise UpstreamUnavailable(f"upstream {self.name!r} could not start a child for this client",
+                                  {"upstream": self.name}, sent=False)
 
     async def _start_child(self, upstream: StdioUpstream, child: _Child | None = None) -> None:
         """Started outside the caller's context: the child's tasks outlive the request that spawned it."""
