@@ -180,7 +180,7 @@ async def test_each_session_has_a_child_of_its_own_with_its_own_state(by_session
     await by_session.pool.set_caller_log_level(ALICE_2, "warning")
     levels = await asyncio.gather(by_session.call(ALICE_1, "relay_log_level"),
                                   by_session.call(ALICE_2, "relay_log_level"))
-    assert levels == ("debug", "warning")
+    assert list(levels) == ["debug", "warning"]
     pids = by_session.upstream.pids()
     assert len({pids[""], pids["mcp-a1"], pids["mcp-a2"]}) == 3
     # the shared level is not theirs: a child follows only its own sessions
