@@ -23,7 +23,7 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.subscriptions import Subscriptions
+from satgate_mcp.subscriptions import Scope, Subscriptions
 from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, Relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
@@ -54,6 +54,9 @@ class Pool(Protocol):
     def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
     async def set_log_level(self, level: str) -> None: ...
+    def subscription_scope(self, uri: str) -> Scope:
+        """The upstream children the current caller's subscription to ``uri`` lives on (empty: shared ones)."""
+        ...
     async def set_caller_log_level(self, caller: Caller, level: str) -> None:
         """One session's level, for the upstream children that are its own (``"isolation"``)."""
         ...
@@ -232,7 +235,7 @@ class Dispatcher:
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
                  list_page_size: int = LIST_PAGE_SIZE) -> None:
         self._pool = pool
-        self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe)
+        self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
         self._list_page_size = list_page_size
         self._policy = policy
         self._publisher = publisher

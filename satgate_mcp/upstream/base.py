@@ -36,6 +36,13 @@ class Caller:
 CALLER: ContextVar[Caller | None] = ContextVar("satgate_upstream_caller", default=None)
 
 
+#: The upstream children a resource subscription lives on: (upstream, owner) pairs; empty for shared upstreams.
+Scope = frozenset[tuple[str, str]]
+SHARED: Scope = frozenset()
+#: Where a resource update came from: (isolated upstream, the owner of the child that sent it).
+Origin = tuple[str, str]
+
+
 @runtime_checkable
 class Relay(Protocol):
     """A call's way back to the client that made it; calling it delivers progress like any ProgressCallback.

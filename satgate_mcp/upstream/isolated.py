@@ -32,7 +32,14 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
-from satgate_mcp.upstream.base import CALLER, Caller, NotificationCallback, ProgressCallback, initialize_timeout
+from satgate_mcp.upstream.base import (
+    CALLER,
+    Caller,
+    NotificationCallback,
+    Origin,
+    ProgressCallback,
+    initialize_timeout,
+)
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.stdio import StdioUpstream
 
@@ -122,6 +129,8 @@ class IsolatedUpstream:
         #: owner -> session -> the level that session asked for (kept before the child exists, too).
         self._levels: dict[str, dict[str, str]] = {}
         self._on_notification: NotificationCallback | None = None
+        #: Where a client child's ``notifications/resources/updated`` goes, with (upstream, owner): the pool's.
+        self.on_resource_updated: Callable[[JsonObj | None, Origin], None] | None = None
         self._closed = False
         self._warned_full = False
         self._log = log.bind(upstream=name, isolation=self._isolation)
@@ -163,6 +172,8 @@ class IsolatedUpstream:
         key = owner_key(self._isolation, caller)
         if key is None or caller is None:
             return no_client_refusal(self.name, method)
+        if method == "resources/unsubscribe" and key not in self._children:
+            return jsonrpc.result_response(None, {})  # its child was reaped: a fresh one holds no subscription
         child = await self._child_for(key)
         child.sessions.add(caller.session_id)
         child.inflight += 1
@@ -245,12 +256,12 @@ class IsolatedUpstream:
 
     async def _child_notice(self, child: _Child, method: str, params: JsonObj | None) -> None:
         """What a client child says about itself. The catalogue is the catalogue child's, so its list changes
-        are not the pool's; a (re)started child has lost the level it was set to; a resource update is its
-        owner's alone, and the shared stream hub could not tell the owner apart: dropped and counted."""
+        are not the pool's; a (re)started child has lost the level it was set to; a resource update is for the
+        sessions subscribed on this child alone (its origin says which child)."""
         if method == RELIST_NOTIFICATION:
             child.level = None
-        elif method == "notifications/resources/updated":
-            self._metrics.unattributed.labels(upstream=self.name, kind="notification").inc()
+        elif method == "notifications/resources/updated" and self.on_resource_updated is not None:
+            self.on_resource_updated(params, (self.name, child.key))
 
     async def _apply_level(self, child: _Child) -> None:
         """The most verbose level the owner's sessions asked for, once per change (when the upstream logs)."""

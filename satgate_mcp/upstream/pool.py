@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -22,15 +22,21 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import Caller, ProgressCallback, Upstream
+from satgate_mcp.upstream.base import CALLER, Caller, Origin, ProgressCallback, Scope, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, STALE_AFTER, Catalog, Kind, NameClash
-from satgate_mcp.upstream.isolated import IsolatedUpstream
+from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
 MAX_PAGES = 1000
-#: What the pool tells its listener (method, params): a merged list changed, or a resource was updated.
-Notice = Callable[[str, JsonObj | None], None]
+class Notice(Protocol):
+    """What the pool tells its listener: a merged list changed, or a resource was updated.
+
+    ``origin`` names the isolated upstream's child an update came from (upstream, owner): it is
+    for the sessions subscribed on that child only. None: from a shared upstream.
+    """
+
+    def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
 #: Upstream notifications passed on to the listener as they are (the listener decides who gets them).
 RELAYED = frozenset({"notifications/resources/updated"})
 
@@ -68,6 +74,8 @@ class UpstreamPool:
         self._upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl,
                                             clock=clock) for n, s in specs.items()}
         self._isolated = {n: u for n, u in self._upstreams.items() if isinstance(u, IsolatedUpstream)}
+        for isolated in self._isolated.values():
+            isolated.on_resource_updated = self._owned_update
         self._sweep_interval = sweep_interval
         self._sweeper: asyncio.Task[None] | None = None
         self._order = list(specs)
@@ -133,6 +141,25 @@ class UpstreamPool:
     async def set_caller_log_level(self, caller: Caller, level: str) -> None:
         """A session's own level for the children that are its (or its token's); shared ones: ``set_log_level``."""
         await asyncio.gather(*(u.set_caller_log_level(caller, level) for u in self._isolated.values()))
+
+    def subscription_scope(self, uri: str) -> Scope:
+        """The isolated children the current caller's subscription to ``uri`` would reach: (upstream, owner) pairs.
+
+        Empty when only shared upstreams may own the URI (or there is no caller): one upstream subscription then
+        serves every session, as before isolation.
+        """
+        caller = CALLER.get()
+        scope = set()
+        for name in self._candidates(self._catalog.uri_owner(uri), "resources"):
+            isolated = self._isolated.get(name)
+            key = owner_key(isolated.isolation, caller) if isolated is not None else None
+            if key is not None:
+                scope.add((name, key))
+        return frozenset(scope)
+
+    def _owned_update(self, params: JsonObj | None, origin: Origin) -> None:
+        if self._listener is not None:
+            self._listener("notifications/resources/updated", params, origin)
 
     async def _sweep_loop(self) -> None:
         while True:

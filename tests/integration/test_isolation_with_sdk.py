@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx2
+import mcp_types as types
 import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
@@ -31,7 +34,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.isolated import IsolatedUpstream
 from satgate_mcp.upstream.pool import UpstreamPool
 from tests.conftest import pid_alive
-from tests.integration.test_gateway_with_sdk import Progress, stdio_upstream
+from tests.integration.test_gateway_with_sdk import Progress, sole, stdio_upstream
 from tests.integration.test_relay_with_sdk import connect
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -41,6 +44,7 @@ ALICE = mint_token(ROOT_KEY, "alice")
 BOB = mint_token(ROOT_KEY, "bob")
 IDLE_TTL = 600.0
 READY_TIMEOUT = 30.0
+CALL_TIMEOUT = 15.0
 
 
 class Clock:
@@ -257,3 +261,80 @@ async def test_an_idle_child_is_reaped_by_the_pools_sweep_while_its_session_live
         await gateway.upstream("solo").stopped()
         assert await ann.text("s_whoami") == "solo"  # a new child on the next call
 
+
+
+# -- resource subscriptions: per child -------------------------------------------------------------------
+
+
+class StreamWire(httpx2.AsyncBaseTransport):
+    """Real HTTP; set once the session's GET stream was answered 200 (it carries resource updates)."""
+
+    def __init__(self) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+        self.stream_open = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if request.method == "GET" and response.status_code == 200:
+            self.stream_open.set()
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass
+class Listener:
+    session: ClientSession
+    updates: asyncio.Queue[str]
+
+    async def text(self, tool: str, **arguments: Any) -> str:
+        result = await asyncio.wait_for(self.session.call_tool(tool, arguments), CALL_TIMEOUT)
+        [content] = result.content
+        assert isinstance(content, types.TextContent)
+        return content.text
+
+    async def next_update(self) -> str:
+        return await asyncio.wait_for(self.updates.get(), CALL_TIMEOUT)
+
+
+@contextlib.asynccontextmanager
+async def listening(url: str, token: str) -> AsyncIterator[Listener]:
+    wire = StreamWire()
+    updates: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await updates.put(str(message.params.uri))
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, transport=wire, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    try:
+        async with (http, streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
+                    ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, message_handler=on_message)
+                    as session):
+            await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+            await asyncio.wait_for(wire.stream_open.wait(), CALL_TIMEOUT)
+            yield Listener(session, updates)
+    except BaseExceptionGroup as group:
+        raise sole(group) from None
+
+
+README, NOTE = "memo://solo/readme", "memo://solo/notes/1"
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_each_sessions_child_is_subscribed_and_its_updates_reach_that_session_only(gateway: Gateway) -> None:
+    async with listening(gateway.url, ALICE) as ann, listening(gateway.url, ALICE) as bob:
+        for agent in (ann, bob):
+            await asyncio.wait_for(agent.session.subscribe_resource(README), CALL_TIMEOUT)
+        await asyncio.wait_for(bob.session.subscribe_resource(NOTE), CALL_TIMEOUT)
+        # both children hold the subscription: the count is per child, not one for everyone
+        assert json.loads(await ann.text("s_stream_subscribed")) == [README]
+        assert json.loads(await bob.text("s_stream_subscribed")) == sorted([README, NOTE])
+
+        await ann.text("s_stream_touch", uri=README)
+        assert await ann.next_update() == README
+        # had ann's update reached bob it would be ahead of this one on his stream
+        await bob.text("s_stream_touch", uri=NOTE)
+        assert await bob.next_update() == NOTE
