@@ -1,6 +1,7 @@
 """An upstream MCP server run as a child process speaking newline-delimited JSON-RPC on stdio.
 
-One child serves every client session. A supervisor task owns the child's life: spawn,
+One child serves every client session (or, under ``"isolation"``, one token's or one session's:
+``isolated.py`` keeps a child of this kind per owner). A supervisor task owns the child's life: spawn,
 initialize, watch, and on death fail every call in flight at once, then restart with backoff.
 The child runs in its own process group so that stopping it also stops anything it spawned.
 """
