@@ -191,6 +191,9 @@ async def test_two_tokens_at_once_each_get_their_own_child_and_answers(gateway: 
         assert [json.loads(r) for r in roots] == [["file:///home/ann"], ["file:///home/bob"]]
         sampled = await asyncio.gather(ann.text("t_relay_sample", prompt="hi"), bob.text("t_relay_sample", prompt="yo"))
         assert list(sampled) == ["ann: hi", "bob: yo"]
+        asked = await asyncio.gather(ann.text("t_relay_elicit"), bob.text("t_relay_elicit"))
+        assert [json.loads(a)["content"] for a in asked] == [{"answer": "ann says yes"}, {"answer": "bob says yes"}]
+        assert ann.client.asked == bob.client.asked == ["roots/list", "sampling/createMessage", "elicitation/create"]
         pids = gateway.client_pids("pert")
         assert {"alice", "bob"} <= set(pids)
         assert pids["alice"] != pids["bob"]
