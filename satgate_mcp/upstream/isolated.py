@@ -27,7 +27,7 @@ from functools import partial
 import structlog
 
 from satgate_mcp import jsonrpc
-from satgate_mcp.errors import UpstreamUnavailable
+from satgate_mcp.errors import GatewayError, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -47,6 +47,7 @@ log = structlog.get_logger("satgate_mcp.upstream")
 
 #: What the catalogue child answers, whoever asks: the lists the merged catalogue is built from.
 CATALOGUE_METHODS = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+RESOURCE_UPDATED = "notifications/resources/updated"
 #: RFC 5424 severities as MCP names them, most verbose first (a child gets its owner's most verbose one).
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -160,14 +161,20 @@ class IsolatedUpstream:
         self._on_notification = on_notification
         await self._start_child(self._catalogue)
 
+    async def _catalogue_notice(self, method: str, params: JsonObj | None) -> None:
+        """The catalogue child's list changes are the pool's; a resource update it sends is nobody's (it holds
+        no subscription), so it cannot reach the sessions subscribed on the client children."""
+        if method != RESOURCE_UPDATED and self._on_notification is not None:
+            await self._on_notification(method, params)
+
     async def wait_ready(self, timeout: float) -> bool:
         return await self._catalogue.wait_ready(timeout)
 
     async def request(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None,
                       timeout: float | None = None) -> JsonObj:
         """The lists from the catalogue child; everything else on the caller's own child."""
-        if method in CATALOGUE_METHODS:
-            return await self._catalogue.request(method, params, on_progress=on_progress, timeout=timeout)
+        if method in CATALOGUE_METHODS:  # without the caller's relay: nothing a client says reaches this child
+            return await self._catalogue.request(method, params, timeout=timeout)
         caller = CALLER.get()
         key = owner_key(self._isolation, caller)
         if key is None or caller is None:
@@ -185,9 +192,11 @@ class IsolatedUpstream:
             child.last_used = self._clock()
 
     async def notify(self, method: str, params: JsonObj | None) -> None:
+        """To the caller's child when it runs; never to the catalogue child, which hears no client."""
         key = owner_key(self._isolation, CALLER.get())
         child = self._children.get(key) if key is not None else None
-        await (child.upstream if child is not None else self._catalogue).notify(method, params)
+        if child is not None:
+            await child.upstream.notify(method, params)
 
     async def close(self) -> None:
         """Stop the catalogue child and every client child, and wait until each is reaped."""
@@ -246,11 +255,10 @@ class IsolatedUpstream:
 
     async def _start_child(self, upstream: StdioUpstream, child: _Child | None = None) -> None:
         """Started outside the caller's context: the child's tasks outlive the request that spawned it."""
-        callback = self._on_notification
-        if callback is None:
+        if self._on_notification is None:
             raise RuntimeError("start() first")
-        if child is not None:
-            callback = partial(self._child_notice, child)
+        callback: NotificationCallback = (self._catalogue_notice if child is None
+                                          else partial(self._child_notice, child))
         task = asyncio.get_running_loop().create_task(upstream.start(callback), context=contextvars.Context())
         await task
 
@@ -260,7 +268,7 @@ class IsolatedUpstream:
         sessions subscribed on this child alone (its origin says which child)."""
         if method == RELIST_NOTIFICATION:
             child.level = None
-        elif method == "notifications/resources/updated" and self.on_resource_updated is not None:
+        elif method == RESOURCE_UPDATED and self.on_resource_updated is not None:
             self.on_resource_updated(params, (self.name, child.key))
 
     async def _apply_level(self, child: _Child) -> None:
@@ -269,7 +277,12 @@ class IsolatedUpstream:
         if wanted is None or wanted == child.level or not self._offers_logging():
             return
         child.level = wanted
-        reply = await child.upstream.request("logging/setLevel", {"level": wanted})
+        try:
+            reply = await child.upstream.request("logging/setLevel", {"level": wanted})
+        except GatewayError as exc:  # the call that follows meets the same trouble; the level is tried again
+            child.level = None
+            self._log.warning("upstream_set_log_level_failed", owner=child.key, level=wanted, error=exc.message)
+            return
         if "error" in reply:
             self._log.warning("upstream_set_log_level_failed", owner=child.key, level=wanted, error=reply["error"])
 
