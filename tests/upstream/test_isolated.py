@@ -149,6 +149,22 @@ async def isolated(isolation: Isolation, max_instances: int = 10) -> AsyncIterat
 
 
 ALICE_1, ALICE_2, BOB_1 = Caller("alice", "mcp-a1"), Caller("alice", "mcp-a2"), Caller("bob", "mcp-b1")
+CAROL_1 = Caller("carol", "mcp-c1")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """An isolation mode and three callers who each own a child of their own under it."""
+
+    isolation: Isolation
+    callers: tuple[Caller, Caller, Caller]
+
+    def key(self, caller: Caller) -> str:
+        return caller.token_id if self.isolation == "token" else caller.session_id
+
+
+MODES = [pytest.param(Mode("session", (ALICE_1, ALICE_2, BOB_1)), id="session"),
+         pytest.param(Mode("token", (ALICE_1, BOB_1, CAROL_1)), id="token")]
 
 
 @pytest.fixture
@@ -158,97 +174,112 @@ def no_caller() -> Iterator[None]:
     CALLER.reset(token)
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def by_session() -> AsyncIterator[Isolated]:
-    async with isolated("session", max_instances=2) as iso:
-        yield iso
+@pytest_asyncio.fixture(loop_scope="module", params=MODES)
+async def each(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Isolated, Mode]]:
+    """Every isolation mode, two client children allowed."""
+    mode: Mode = request.param
+    async with isolated(mode.isolation, max_instances=2) as iso:
+        yield iso, mode
 
 
 @on_module_loop
 async def test_the_catalogue_is_known_before_any_client_and_only_the_catalogue_child_runs(
-        by_session: Isolated) -> None:
-    assert "whoami" in [tool["name"] for tool in by_session.pool.tools()]
-    assert by_session.pool.readiness() == {"iso": True}
-    assert by_session.upstream.instances() == 0
-    assert "logging" in by_session.pool.capabilities()
-    assert by_session.pool.instructions() == [("iso", "Tools of the iso test server.")]
+        each: tuple[Isolated, Mode]) -> None:
+    iso, _mode = each
+    assert "whoami" in [tool["name"] for tool in iso.pool.tools()]
+    assert iso.pool.readiness() == {"iso": True}
+    assert iso.upstream.instances() == 0
+    assert "logging" in iso.pool.capabilities()
+    assert iso.pool.instructions() == [("iso", "Tools of the iso test server.")]
 
 
 @on_module_loop
-async def test_each_session_has_a_child_of_its_own_with_its_own_state(by_session: Isolated) -> None:
-    await by_session.pool.set_caller_log_level(ALICE_1, "debug")
-    await by_session.pool.set_caller_log_level(ALICE_2, "warning")
-    levels = await asyncio.gather(by_session.call(ALICE_1, "relay_log_level"),
-                                  by_session.call(ALICE_2, "relay_log_level"))
+async def test_each_owner_has_a_child_of_its_own_with_its_own_state(each: tuple[Isolated, Mode]) -> None:
+    iso, mode = each
+    one, two, _ = mode.callers
+    await iso.pool.set_caller_log_level(one, "debug")
+    await iso.pool.set_caller_log_level(two, "warning")
+    levels = await asyncio.gather(iso.call(one, "relay_log_level"), iso.call(two, "relay_log_level"))
     assert list(levels) == ["debug", "warning"]
-    pids = by_session.upstream.pids()
-    assert len({pids[""], pids["mcp-a1"], pids["mcp-a2"]}) == 3
+    pids = iso.upstream.pids()
+    assert len({pids[""], pids[mode.key(one)], pids[mode.key(two)]}) == 3
     # the shared level is not theirs: a child follows only its own sessions
-    await by_session.pool.set_log_level("error")
-    assert await by_session.call(ALICE_1, "relay_log_level") == "debug"
+    await iso.pool.set_log_level("error")
+    assert await iso.call(one, "relay_log_level") == "debug"
 
 
 @on_module_loop
-async def test_past_max_instances_a_new_session_is_refused_and_counted(by_session: Isolated) -> None:
-    await asyncio.gather(by_session.call(ALICE_1, "whoami"), by_session.call(ALICE_2, "whoami"))
-    before = by_session.refusals()
+async def test_past_max_instances_a_new_owner_is_refused_and_counted(each: tuple[Isolated, Mode]) -> None:
+    iso, mode = each
+    one, two, three = mode.callers
+    await asyncio.gather(iso.call(one, "whoami"), iso.call(two, "whoami"))
+    before = iso.refusals()
     with pytest.raises(UpstreamUnavailable) as refused:
-        await by_session.call(BOB_1, "whoami")
+        await iso.call(three, "whoami")
     assert refused.value.data == {"error": "upstream_unavailable", "upstream": "iso", "reason": "max_instances",
-                                  "isolation": "session", "max_instances": 2}
+                                  "isolation": mode.isolation, "max_instances": 2}
     assert refused.value.sent is False  # never ran: refunded
-    assert by_session.refusals() == before + 1
-    assert by_session.upstream.instances() == 2
+    assert iso.refusals() == before + 1
+    assert iso.upstream.instances() == 2
+    assert await iso.call(one, "whoami") == "iso"  # the owners that have a child keep it
 
 
 @on_module_loop
-async def test_an_ended_session_loses_its_child_and_a_resumed_one_gets_a_fresh_child(by_session: Isolated) -> None:
-    await by_session.call(ALICE_1, "whoami")
-    first = by_session.upstream.pids()["mcp-a1"]
+async def test_an_ended_session_loses_its_child_and_resumed_it_gets_a_fresh_child(
+        each: tuple[Isolated, Mode]) -> None:
+    iso, mode = each
+    one = mode.callers[0]
+    await iso.pool.set_caller_log_level(one, "debug")
+    assert await iso.call(one, "relay_log_level") == "debug"
+    first = iso.upstream.pids()[mode.key(one)]
     assert first is not None
-    by_session.pool.session_ended("mcp-a1")
-    await by_session.upstream.stopped()
+    iso.pool.session_ended(one.session_id)  # its only session: a token's child goes too
+    await iso.upstream.stopped()
     assert not pid_alive(first)
-    assert "mcp-a1" not in by_session.upstream.pids()
+    assert mode.key(one) not in iso.upstream.pids()
     # the same session id again (resumed): a new child, which knows nothing of the old one's state
-    assert await by_session.call(ALICE_1, "relay_log_level") == "None"
-    assert by_session.upstream.pids()["mcp-a1"] not in (None, first)
+    assert await iso.call(one, "relay_log_level") == "None"
+    assert iso.upstream.pids()[mode.key(one)] not in (None, first)
 
 
 @on_module_loop
-async def test_an_idle_child_is_reaped_after_the_ttl_and_a_busy_one_is_not(by_session: Isolated) -> None:
-    await asyncio.gather(by_session.call(ALICE_1, "whoami"), by_session.call(ALICE_2, "whoami"))
-    idle_pid = by_session.upstream.pids()["mcp-a1"]
+async def test_an_idle_child_is_reaped_after_the_ttl_and_a_busy_one_is_not(each: tuple[Isolated, Mode]) -> None:
+    iso, mode = each
+    idle, busy_caller, _ = mode.callers
+    await asyncio.gather(iso.call(idle, "whoami"), iso.call(busy_caller, "whoami"))
+    idle_pid = iso.upstream.pids()[mode.key(idle)]
     running = asyncio.Event()
 
     async def progressed(params: JsonObj) -> None:
         running.set()
 
-    busy = asyncio.ensure_future(by_session.call(ALICE_2, "slow", steps=20, delay=0.05, on_progress=progressed))
+    busy = asyncio.ensure_future(iso.call(busy_caller, "slow", steps=20, delay=0.05, on_progress=progressed))
     await asyncio.wait_for(running.wait(), 10)
-    assert by_session.pool.sweep(by_session.clock.now + TTL - 1) == {}
-    assert by_session.pool.sweep(by_session.clock.now + TTL) == {"iso": ["mcp-a1"]}
-    await by_session.upstream.stopped()
+    assert iso.pool.sweep(iso.clock.now + TTL - 1) == {}
+    assert iso.pool.sweep(iso.clock.now + TTL) == {"iso": [mode.key(idle)]}
+    await iso.upstream.stopped()
     assert idle_pid is not None
     assert not pid_alive(idle_pid)
     assert await busy == "done 20"
-    assert by_session.pool.sweep(by_session.clock.now + TTL) == {"iso": ["mcp-a2"]}  # idle now it is done
+    assert iso.pool.sweep(iso.clock.now + TTL) == {"iso": [mode.key(busy_caller)]}  # idle now it is done
 
 
 @on_module_loop
-async def test_a_request_without_a_caller_never_reaches_a_clients_child(by_session: Isolated,
+async def test_a_request_without_a_caller_never_reaches_a_clients_child(each: tuple[Isolated, Mode],
                                                                         no_caller: None) -> None:
-    reply = await by_session.pool.read_resource({"uri": "memo://iso/readme"})
+    iso, _mode = each
+    reply = await iso.pool.read_resource({"uri": "memo://iso/readme"})
     assert reply["error"]["data"] == {"error": "no_client", "upstream": "iso"}
-    assert by_session.upstream.instances() == 0
+    assert iso.upstream.instances() == 0
 
 
 @on_module_loop
-async def test_closing_the_pool_leaves_no_child_behind() -> None:
-    async with isolated("token") as iso:
-        await asyncio.gather(iso.call(ALICE_1, "whoami"), iso.call(BOB_1, "whoami"))
+@pytest.mark.parametrize("mode", MODES)
+async def test_closing_the_pool_leaves_no_child_behind(mode: Mode) -> None:
+    async with isolated(mode.isolation) as iso:
+        await asyncio.gather(*(iso.call(caller, "whoami") for caller in mode.callers))
         live = iso.live_children()
-        assert len(live) == 3  # the catalogue child, alice's and bob's
+        assert len(live) == 4  # the catalogue child and one per owner
     assert not any(pid_alive(pid) for pid in live)
     assert iso.upstream.instances() == 0
 
