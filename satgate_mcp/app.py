@@ -79,7 +79,8 @@ def create_app(
             owned.append(aclose)
     metrics.watch_revocation_files(revocation_files(getattr(authenticator, "revocations", None)))
     if pool is None:
-        pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics)
+        pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
+                            idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval, clock=clock)
     if policy is None:
         built_policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, state=state)
         owned.append(built_policy.close)
@@ -128,9 +129,13 @@ def create_app(
     if listen is not None:
         listen(fan_out(hub.notice, listeners.notice))
 
+    pool_session_ended = getattr(pool, "session_ended", None)  # an isolated upstream reaps the session's child
+
     def session_ended(session: Session, reason: CloseReason) -> None:
         hub.end(session.id)
         subscriptions.end_session(session.id)
+        if pool_session_ended is not None:
+            pool_session_ended(session.id)
 
     registry.on_close.append(session_ended)
     owned.append(subscriptions.aclose)

@@ -23,8 +23,8 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, Upst
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.subscriptions import Subscriptions
-from satgate_mcp.upstream.base import ProgressCallback, Relay
+from satgate_mcp.subscriptions import Scope, Subscriptions
+from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, Relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
@@ -54,6 +54,12 @@ class Pool(Protocol):
     def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
     async def set_log_level(self, level: str) -> None: ...
+    def subscription_scope(self, uri: str) -> Scope:
+        """The upstream children the current caller's subscription to ``uri`` lives on (empty: shared ones)."""
+        ...
+    async def set_caller_log_level(self, caller: Caller, level: str) -> None:
+        """One session's level, for the upstream children that are its own (``"isolation"``)."""
+        ...
     async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                             ) -> JsonObj: ...
@@ -229,7 +235,7 @@ class Dispatcher:
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
                  list_page_size: int = LIST_PAGE_SIZE) -> None:
         self._pool = pool
-        self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe)
+        self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
         self._list_page_size = list_page_size
         self._policy = policy
         self._publisher = publisher
@@ -263,6 +269,10 @@ class Dispatcher:
         """The most verbose level any session asked for, to every upstream that logs (the edge decides it)."""
         await self._pool.set_log_level(level)
 
+    async def set_session_log_level(self, token_id: str, session_id: str, level: str) -> None:
+        """A session's own level, for the upstream children that are its (or its token's) alone."""
+        await self._pool.set_caller_log_level(Caller(token_id, session_id), level)
+
     def initialize_result(self, protocol_version: str) -> JsonObj:
         result: JsonObj = {
             "protocolVersion": protocol_version,
@@ -295,6 +305,7 @@ class Dispatcher:
     async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
                      on_progress: ProgressCallback | None = None) -> JsonObj:
         """The reply message for one request, always with the client's id; never raises GatewayError."""
+        caller = CALLER.set(Caller(identity.token_id, session_id))  # whose child an isolated upstream uses
         try:
             handler = self._routes.get(request.method)
             if handler is None:
@@ -307,6 +318,8 @@ class Dispatcher:
             log.exception("request_failed", method=request.method)
             return jsonrpc.error_response(request.id, jsonrpc.INTERNAL_ERROR, "Internal error",
                                           {"error": "internal_error"})
+        finally:
+            CALLER.reset(caller)
         return jsonrpc.with_id(reply, request.id)
 
     async def _list_tools(self, call: Call) -> JsonObj:

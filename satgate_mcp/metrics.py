@@ -32,6 +32,12 @@ class Metrics:
         self.unattributed = Counter("satgate_upstream_unattributed",
                                     "Upstream requests refused and notifications dropped: no single client to give "
                                     "them to", ["upstream", "kind"], registry=r)
+        self.upstream_instances = Gauge("satgate_upstream_instances",
+                                        "Client children an isolated stdio upstream runs now (catalogue child "
+                                        "not counted)", ["upstream"], registry=r)
+        self.upstream_instance_refusals = Counter("satgate_upstream_instance_refusals",
+                                                  "Requests refused: the isolated upstream ran max_instances "
+                                                  "children", ["upstream"], registry=r)
         self.refusals = Counter("satgate_refusals", "Requests refused, by reason", ["reason"], registry=r)
         self.upstream_restarts = Counter("satgate_upstream_restarts", "Upstream restarts or reconnects",
                                          ["upstream"], registry=r)

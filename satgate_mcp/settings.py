@@ -27,12 +27,16 @@ MIN_ROOT_KEY_LENGTH = 32
 Isolation = Literal["shared", "token", "session"]
 
 
-def _only_shared(value: str) -> str:
-    """``token`` and ``session`` are reserved names: refused at start-up until a child per token/session exists."""
+#: Client children one isolated stdio upstream may run at once unless ``"max_instances"`` says otherwise.
+DEFAULT_MAX_INSTANCES = 100
+
+
+def _isolation_on_http(value: str) -> str:
+    """An HTTP upstream needs no isolation: what it sends on a call's response stream is that call's, exactly."""
     if value != "shared":
-        raise ValueError(f'"isolation": "{value}" is not available in this version of satgate-mcp; use "shared" '
-                         "(one connection for every client; requests an upstream sends while calls from several "
-                         "sessions are in flight are refused, never guessed)")
+        raise ValueError(f'"isolation": "{value}" applies to stdio upstreams only: an HTTP upstream already tells '
+                         "every client's traffic apart (each call has its own response stream); remove "
+                         '"isolation" or set it to "shared"')
     return value
 
 
@@ -55,14 +59,10 @@ class StdioUpstreamSpec(BaseModel):
     tool_prefix: str = ""
     #: ``auto``: the handshake, 2026-07-28 when it is refused; ``2026``: discover first; ``2025``: handshake only.
     protocol: UpstreamProtocol = "auto"
-    #: Who shares one child: everyone (``shared``), a verified token id, or a client session.
+    #: Who shares one child: everyone (``shared``), a verified token id (``token``), a client session (``session``).
     isolation: Isolation = "shared"
-    max_instances: int = Field(default=100, ge=1)
-
-    @field_validator("isolation")
-    @classmethod
-    def _isolation_built(cls, value: str) -> str:
-        return _only_shared(value)
+    #: ``token``/``session``: client children alive at once (the catalogue child is not counted).
+    max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1)
 
 
 class HttpUpstreamSpec(BaseModel):
@@ -75,13 +75,14 @@ class HttpUpstreamSpec(BaseModel):
     tool_prefix: str = ""
     #: ``auto``: the handshake, 2026-07-28 when it is refused; ``2026``: discover first; ``2025``: handshake only.
     protocol: UpstreamProtocol = "auto"
+    #: Only ``shared``: refused at start otherwise (see ``_isolation_on_http``).
     isolation: Isolation = "shared"
-    max_instances: int = Field(default=100, ge=1)
+    max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1)
 
     @field_validator("isolation")
     @classmethod
-    def _isolation_built(cls, value: str) -> str:
-        return _only_shared(value)
+    def _isolation_shared(cls, value: str) -> str:
+        return _isolation_on_http(value)
 
 
 UpstreamSpec = Annotated[StdioUpstreamSpec | HttpUpstreamSpec, Field(discriminator="transport")]

@@ -17,7 +17,8 @@ from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
-from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.subscriptions import SHARED, Scope
+from satgate_mcp.upstream.base import Caller, ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 
@@ -65,6 +66,12 @@ class FakePool:
 
     async def set_log_level(self, level: str) -> None:
         self.log_levels.append(level)
+
+    async def set_caller_log_level(self, caller: Caller, level: str) -> None:
+        return None  # no isolated upstreams here
+
+    def subscription_scope(self, uri: str) -> Scope:
+        return SHARED
 
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj:

@@ -209,9 +209,26 @@ def test_upstreams_share_one_connection_by_default(transport: dict[str, object])
 
 
 @pytest.mark.parametrize("isolation", [pytest.param("token", id="token"), pytest.param("session", id="session")])
-def test_an_isolation_this_version_cannot_give_is_refused_at_start_up(isolation: str) -> None:
-    with pytest.raises(ValidationError, match=f'"isolation": "{isolation}" is not available'):
-        Settings(upstreams={"u": {"transport": "stdio", "command": ["srv"], "isolation": isolation}})  # type: ignore[dict-item]
+def test_a_stdio_upstream_may_give_each_token_or_session_a_child_of_its_own(isolation: str) -> None:
+    spec = {"transport": "stdio", "command": ["srv"], "isolation": isolation, "max_instances": 8}
+    settings = Settings(upstreams={"u": spec})  # type: ignore[dict-item]
+    assert (settings.upstreams["u"].isolation, settings.upstreams["u"].max_instances) == (isolation, 8)
+
+
+@pytest.mark.parametrize("isolation", [pytest.param("token", id="token"), pytest.param("session", id="session")])
+def test_isolation_on_an_http_upstream_is_refused_at_start_up(isolation: str) -> None:
+    """Each HTTP call has its own response stream, so attribution is already exact: the setting means nothing."""
+    spec = {"transport": "http", "url": "http://127.0.0.1:1/mcp", "isolation": isolation}
+    with pytest.raises(ValidationError, match=f'"isolation": "{isolation}" applies to stdio upstreams only') as err:
+        Settings(upstreams={"web": spec})  # type: ignore[dict-item]
+    assert "SATGATE_UPSTREAMS (web.http.isolation)" in format_errors(err.value)
+
+
+@pytest.mark.parametrize("bad", [pytest.param({"isolation": "process"}, id="unknown-isolation"),
+                                 pytest.param({"max_instances": 0}, id="no-instances")])
+def test_a_bad_isolation_or_instance_cap_is_refused_at_start_up(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(upstreams={"u": {"transport": "stdio", "command": ["srv"], **bad}})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(

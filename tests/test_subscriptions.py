@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.subscriptions import Subscriptions, SubscriptionTable
-from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback
 
 
 @pytest.mark.parametrize(
@@ -153,3 +154,60 @@ async def test_a_failed_subscribe_is_not_followed_by_an_unsubscribe() -> None:
     upstream.release.set()
     await asyncio.gather(subscribing, unsubscribing)
     assert [c for c, _ in upstream.calls] == ["subscribe"]
+
+ANN_CHILD, BOB_CHILD = frozenset({("files", "ann")}), frozenset({("files", "bob")})
+
+
+@pytest.mark.parametrize(
+    ("steps", "upstream_calls"),
+    [
+        pytest.param([("+", "a", ANN_CHILD), ("+", "b", BOB_CHILD)], ["subscribe", "subscribe"],
+                     id="each-child-is-subscribed-for-its-own-owner"),
+        pytest.param([("+", "a", ANN_CHILD), ("+", "a2", ANN_CHILD)], ["subscribe"],
+                     id="two-sessions-on-one-child-share-its-subscription"),
+        pytest.param([("+", "a", ANN_CHILD), ("+", "b", BOB_CHILD), ("-", "a", ANN_CHILD)],
+                     ["subscribe", "subscribe", "unsubscribe"], id="leaving-one-child-keeps-the-other"),
+    ],
+)
+def test_an_isolated_upstream_counts_subscriptions_per_child(steps: list[tuple[str, str, frozenset[Any]]],
+                                                             upstream_calls: list[str]) -> None:
+    table = SubscriptionTable()
+    calls = []
+    for op, session, scope in steps:
+        if op == "+" and table.add(session, "m://x", scope):
+            calls.append("subscribe")
+        elif op == "-" and table.remove(session, "m://x"):
+            calls.append("unsubscribe")
+    assert calls == upstream_calls
+
+
+def test_an_update_from_one_child_reaches_only_the_sessions_subscribed_on_it() -> None:
+    table = SubscriptionTable()
+    table.add("a", "m://x", ANN_CHILD)
+    table.add("b", "m://x", BOB_CHILD)
+    table.add("s", "m://x")
+    assert table.subscribers("m://x", ("files", "ann")) == {"a"}
+    assert table.subscribers("m://x", ("files", "eve")) == frozenset()
+    assert table.subscribers("m://x") == {"a", "b", "s"}
+
+
+async def test_an_ended_sessions_release_goes_to_the_child_it_was_subscribed_on() -> None:
+    seen: list[object] = []
+
+    async def subscribe(params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        return jsonrpc.result_response(None, {})
+
+    async def unsubscribe(params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
+        seen.append(CALLER.get())
+        return jsonrpc.result_response(None, {})
+
+    subs = Subscriptions(subscribe, unsubscribe, lambda uri: frozenset({("files", str(CALLER.get()))}))
+    ann = Caller("alice", "s-ann")
+    token = CALLER.set(ann)
+    try:
+        await subs.subscribe("s-ann", {"uri": "m://x"})
+    finally:
+        CALLER.reset(token)
+    subs.end_session("s-ann")
+    await subs.released()
+    assert seen == [ann]

@@ -327,6 +327,7 @@ class Edge:
                                           {"error": "invalid_params", "level": str(level)[:40]})
         assert isinstance(level, str)
         session.log_level = level
+        await self._dispatcher.set_session_log_level(session.identity.token_id, session.id, level)
         wanted = most_verbose(self._registry.log_levels())
         if wanted is not None and wanted != self._upstream_log_level:
             self._upstream_log_level = wanted

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.subscriptions import Origin
 from satgate_mcp.transport.modern_rules import META_SUBSCRIPTION_ID
 
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
@@ -127,7 +129,9 @@ class Listeners:
         if not self._open:
             self._none_open.set()
 
-    def notice(self, method: str, params: JsonObj | None) -> None:
+    def notice(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
+        if origin is not None:  # from one client's own upstream child: a listen stream never subscribes there
+            return
         message = jsonrpc.notification_message(method, params)
         for listener in self._open.values():
             if listener.filter.wants(method, params):
@@ -141,9 +145,13 @@ class Listeners:
         await self._none_open.wait()
 
 
-def fan_out(*listeners: Callable[[str, JsonObj | None], None]) -> Callable[[str, JsonObj | None], None]:
+class Notice(Protocol):
+    def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
+
+
+def fan_out(*listeners: Notice) -> Notice:
     """One pool listener feeding several: the 2025 stream hub and the 2026 listen streams."""
-    def notice(method: str, params: JsonObj | None) -> None:
+    def notice(method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         for listener in listeners:
-            listener(method, params)
+            listener(method, params, origin)
     return notice

@@ -21,7 +21,7 @@ from aiohttp import web
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
-from satgate_mcp.subscriptions import SubscriptionTable
+from satgate_mcp.subscriptions import Origin, SubscriptionTable
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, refusal_answer
 from satgate_mcp.transport.replay import CallLog, ReplayBook
@@ -51,11 +51,12 @@ def sse_event_with_id(event_id: int, message: JsonObj | None) -> bytes:
 
 
 def recipients(method: str, params: JsonObj | None, open_sessions: frozenset[str],
-               subscriptions: SubscriptionTable) -> frozenset[str]:
-    """Which open streams a notice goes to: list changes to all, a resource update to its subscribers only."""
+               subscriptions: SubscriptionTable, origin: Origin | None = None) -> frozenset[str]:
+    """Which open streams a notice goes to: list changes to all, a resource update to its subscribers only
+    (from an isolated upstream's child, ``origin``: only those subscribed on that child)."""
     if method == RESOURCE_UPDATED:
         uri = (params or {}).get("uri")
-        return subscriptions.subscribers(uri) & open_sessions if isinstance(uri, str) else frozenset()
+        return subscriptions.subscribers(uri, origin) & open_sessions if isinstance(uri, str) else frozenset()
     return open_sessions
 
 
@@ -129,10 +130,10 @@ class StreamHub:
         for stream in self._streams.values():
             stream.end()
 
-    def notice(self, method: str, params: JsonObj | None) -> None:
+    def notice(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         """The pool's listener: a merged list changed, or an upstream resource was updated."""
         message = jsonrpc.notification_message(method, params)
-        for session_id in recipients(method, params, frozenset(self._streams), self._subscriptions):
+        for session_id in recipients(method, params, frozenset(self._streams), self._subscriptions, origin):
             stream = self._streams[session_id]
             if method == TOOLS_CHANGED:  # told now, so it is not owed again ahead of the next answer
                 stream.session.tools_seen = self._tools_version()

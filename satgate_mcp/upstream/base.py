@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +20,27 @@ ProgressCallback = Callable[[JsonObj], Awaitable[None]]
 #: Receives server-initiated notifications (method, params), e.g. ``notifications/tools/list_changed``.
 NotificationCallback = Callable[[str, JsonObj | None], Awaitable[None]]
 
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whom a request runs for, as an isolated upstream picks its child: the verified token id and the session."""
+
+    token_id: str
+    #: The dispatcher's session id: a 2025 session's id, ``token:<id>`` for a stateless (2026-07-28) caller.
+    session_id: str
+
+
+#: Set by the dispatcher around each client request. A context variable rather than one more argument on
+#: every pool operation: only an isolated upstream reads it, deep below code that has no reason to know.
+#: Unset (None) for the gateway's own requests (listings, log levels, releases at a session's end).
+CALLER: ContextVar[Caller | None] = ContextVar("satgate_upstream_caller", default=None)
+
+
+#: The upstream children a resource subscription lives on: (upstream, owner) pairs; empty for shared upstreams.
+Scope = frozenset[tuple[str, str]]
+SHARED: Scope = frozenset()
+#: Where a resource update came from: (isolated upstream, the owner of the child that sent it).
+Origin = tuple[str, str]
 
 
 @runtime_checkable

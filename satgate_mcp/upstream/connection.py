@@ -100,7 +100,9 @@ class UpstreamConnection(Generic[SpecT]):
         self._metrics = metrics
         self._policy = restart_policy or RestartPolicy()
         self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name, transport=transport)
-        self._inbox = Inbox(name, send, shared_pipe=transport == "stdio", metrics=metrics, ask_timeout=spec.timeout)
+        shared_pipe = transport == "stdio"
+        self._inbox = Inbox(name, send, shared_pipe=shared_pipe, metrics=metrics, ask_timeout=spec.timeout,
+                            isolation=spec.isolation if shared_pipe else "shared")
         self._ids = itertools.count(1)
         self._ready = asyncio.Event()
         self._closing = asyncio.Event()

@@ -5,9 +5,11 @@ every delivery runs in its own task; progress for one request stays in order bec
 delivery waits for the one before it.
 
 Attribution is exact or refused: progress follows its token; anything else that belongs to a
-call goes to the call whose response stream carried it (HTTP), or, on a pipe shared by every
-client (stdio), to a session only when every call in flight belongs to that one session.
-Otherwise requests are refused upstream and notifications dropped, counted and logged once.
+call goes to the call whose response stream carried it (HTTP), or, on a pipe shared by several
+clients (a stdio child with ``"isolation"`` ``shared`` or ``token``), to a session only when every
+call in flight belongs to that one session. A child of one session's own (``session``) gives
+everything to that session's calls. Otherwise requests are refused upstream and notifications
+dropped, counted and logged once.
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ def _id_key(request_id: object) -> object:
     return (type(request_id).__name__, request_id) if isinstance(request_id, str | int) else None
 
 
+def owning_relay(relays: list[Relay | None], *, exclusive: bool) -> Relay | None:
+    """Whom a message on a pipe belongs to, given the relay of every call in flight on it (None: no client).
+
+    ``exclusive``: the child is one session's own, so any of its calls with a client will do (the newest).
+    Otherwise only when every call in flight belongs to one session.
+    """
+    if exclusive:
+        return next((r for r in reversed(relays) if r is not None), None)
+    owner = sole_session(["" if r is None else r.session_key for r in relays])
+    if owner is None:
+        return None
+    return next(r for r in reversed(relays) if r is not None)
+
+
 def sole_session(session_keys: list[str]) -> str | None:
     """The one client session every call in flight belongs to, or None (several, or a call without one)."""
     distinct = set(session_keys)
@@ -63,11 +79,13 @@ def sole_session(session_keys: list[str]) -> str | None:
 
 class Inbox:
     def __init__(self, name: str, reply: Callable[[JsonObj], Awaitable[object]], *, shared_pipe: bool = False,
-                 metrics: Metrics | None = None, ask_timeout: float = 30.0) -> None:
-        """``shared_pipe``: nothing says which call a message belongs to (stdio), so the one-session rule applies."""
+                 metrics: Metrics | None = None, ask_timeout: float = 30.0, isolation: str = "shared") -> None:
+        """``shared_pipe``: nothing says which call a message belongs to (stdio), so the one-session rule applies,
+        unless ``isolation`` is ``session`` (the child is one session's own)."""
         self._name = name
         self._reply = reply
         self._shared_pipe = shared_pipe
+        self._isolation = isolation
         self._metrics = metrics
         self._ask_timeout = ask_timeout
         self._log = structlog.get_logger("satgate_mcp.upstream").bind(upstream=name)
@@ -97,11 +115,7 @@ class Inbox:
             return route.relay if route is not None else None
         if not self._shared_pipe:
             return None
-        relays = [r.relay for r in self._routes.values()]
-        owner = sole_session(["" if r is None else r.session_key for r in relays])
-        if owner is None:
-            return None
-        return next(r for r in reversed(relays) if r is not None)
+        return owning_relay([r.relay for r in self._routes.values()], exclusive=self._isolation == "session")
 
     def _unattributed(self, kind: str, method: str) -> None:
         if self._metrics is not None:
@@ -109,7 +123,7 @@ class Inbox:
         if kind not in self._warned:
             self._warned.add(kind)
             self._log.warning("upstream_traffic_unattributable", kind=kind, method=method,
-                              shared_pipe=self._shared_pipe,
+                              shared_pipe=self._shared_pipe, isolation=self._isolation,
                               fix="the message reached no client; later ones are only counted "
                                   "(satgate_upstream_unattributed_total)")
 
@@ -141,7 +155,8 @@ class Inbox:
             relay = self._attribute(route_key)
             if relay is None:
                 self._unattributed("request", message.method)
-                refusal = unattributed_refusal(message, self._name, shared_pipe=self._shared_pipe)
+                refusal = unattributed_refusal(message, self._name, shared_pipe=self._shared_pipe,
+                                               isolation=self._isolation)
                 self.spawn(self._guard(self._reply(refusal), f"refusal of {message.method}"))
                 return
             key = _id_key(message.id)

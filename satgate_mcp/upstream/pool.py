@@ -8,9 +8,11 @@ advertised its target.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -20,21 +22,31 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import UPSTREAM_READY, ProgressCallback, Upstream
+from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Origin, ProgressCallback, Scope, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, STALE_AFTER, Catalog, Kind, NameClash
+from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
 MAX_PAGES = 1000
-#: What the pool tells its listener (method, params): a merged list changed, or a resource was updated.
-Notice = Callable[[str, JsonObj | None], None]
+class Notice(Protocol):
+    """What the pool tells its listener: a merged list changed, or a resource was updated.
+
+    ``origin`` names the isolated upstream's child an update came from (upstream, owner): it is
+    for the sessions subscribed on that child only. None: from a shared upstream.
+    """
+
+    def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
 #: Upstream notifications passed on to the listener as they are (the listener decides who gets them).
 RELAYED = frozenset({"notifications/resources/updated"})
 
 
 def make_upstream(
-    name: str, spec: StdioUpstreamSpec | HttpUpstreamSpec, *, publisher: Publisher, metrics: Metrics
+    name: str, spec: StdioUpstreamSpec | HttpUpstreamSpec, *, publisher: Publisher, metrics: Metrics,
+    idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
 ) -> Upstream:
+    if isinstance(spec, StdioUpstreamSpec) and spec.isolation != "shared":
+        return IsolatedUpstream(name, spec, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock)
     if isinstance(spec, StdioUpstreamSpec):
         from satgate_mcp.upstream.stdio import StdioUpstream
 
@@ -54,8 +66,18 @@ class UpstreamPool:
         publisher: Publisher,
         metrics: Metrics,
         start_timeout: float = 10.0,
+        idle_ttl: float = 1800.0,
+        sweep_interval: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics) for n, s in specs.items()}
+        """``idle_ttl``: a client child of an isolated upstream idle this long is reaped (the session idle TTL)."""
+        self._upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl,
+                                            clock=clock) for n, s in specs.items()}
+        self._isolated = {n: u for n, u in self._upstreams.items() if isinstance(u, IsolatedUpstream)}
+        for isolated in self._isolated.values():
+            isolated.on_resource_updated = self._owned_update
+        self._sweep_interval = sweep_interval
+        self._sweeper: asyncio.Task[None] | None = None
         self._order = list(specs)
         self._start_timeout = start_timeout
         self._catalog = Catalog(self._order, {n: s.tool_prefix for n, s in specs.items()})
@@ -81,9 +103,15 @@ class UpstreamPool:
             await self.close()
             raise ConfigError("; ".join(c.message() for c in clashes))
         self._started = True
+        if self._isolated:
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="upstream-instance-sweeper")
         log.info("upstreams_started", ready=self.readiness(), tools=len(self._catalog.tools))
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -95,7 +123,51 @@ class UpstreamPool:
                 log.error("upstream_close_failed", upstream=name, error=repr(result))
 
     def readiness(self) -> dict[str, bool]:
+        """An isolated upstream is ready when its catalogue child is (the command starts and initializes)."""
         return {name: u.ready for name, u in self._upstreams.items()}
+
+    # -- isolated upstreams: a child per token or session ------------------------------------
+
+    def isolated(self, name: str) -> IsolatedUpstream | None:
+        return self._isolated.get(name)
+
+    def sweep(self, now: float | None = None) -> dict[str, list[str]]:
+        """Reap the idle client children of every isolated upstream: upstream -> owners reaped."""
+        swept = {name: upstream.sweep(now) for name, upstream in self._isolated.items()}
+        return {name: owners for name, owners in swept.items() if owners}
+
+    def session_ended(self, session_id: str) -> None:
+        """The registry closed a session: children that were its own (or its token's, now unused) go."""
+        for upstream in self._isolated.values():
+            upstream.session_ended(session_id)
+
+    async def set_caller_log_level(self, caller: Caller, level: str) -> None:
+        """A session's own level for the children that are its (or its token's); shared ones: ``set_log_level``."""
+        await asyncio.gather(*(u.set_caller_log_level(caller, level) for u in self._isolated.values()))
+
+    def subscription_scope(self, uri: str) -> Scope:
+        """The isolated children the current caller's subscription to ``uri`` would reach: (upstream, owner) pairs.
+
+        Empty when only shared upstreams may own the URI (or there is no caller): one upstream subscription then
+        serves every session, as before isolation.
+        """
+        caller = CALLER.get()
+        scope = set()
+        for name in self._candidates(self._catalog.uri_owner(uri), "resources"):
+            isolated = self._isolated.get(name)
+            key = owner_key(isolated.isolation, caller) if isolated is not None else None
+            if key is not None:
+                scope.add((name, key))
+        return frozenset(scope)
+
+    def _owned_update(self, params: JsonObj | None, origin: Origin) -> None:
+        if self._listener is not None:
+            self._listener("notifications/resources/updated", params, origin)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            self.sweep()
 
     # -- what the gateway advertises ---------------------------------------------------------
 
@@ -124,13 +196,15 @@ class UpstreamPool:
         return [dict(tool) for tool in self._catalog.tools]
 
     async def set_log_level(self, level: str) -> None:
-        """``logging/setLevel`` to every ready 2025 upstream that offers logging; one that fails is logged, not fatal.
+        """``logging/setLevel`` to every ready shared 2025 upstream that offers logging; a failure is logged, not fatal.
+
+        An isolated upstream's children get their own sessions' levels instead (``set_caller_log_level``).
 
         A 2026-07-28 upstream has no such method (a level travels in each request's ``_meta``): it is left out.
         """
         self._log_level = level
-        names = [n for n in self._order
-                 if self._upstreams[n].ready and not self._upstreams[n].modern and self._offers(n, "logging")]
+        names = [n for n in self._order if n not in self._isolated
+                 and self._upstreams[n].ready and not self._upstreams[n].modern and self._offers(n, "logging")]
         replies = await asyncio.gather(*(self._upstreams[n].request("logging/setLevel", {"level": level})
                                          for n in names), return_exceptions=True)
         for name, reply in zip(names, replies, strict=True):
@@ -170,8 +244,8 @@ class UpstreamPool:
         uri = str((params or {}).get("uri", ""))
         name, reply = await self._forward_named("resources/subscribe", params, self._resource_candidates(uri),
                                                 f"resource {uri!r}", on_progress)
-        if name is not None and "error" not in reply:
-            self._subscribed[name].add(uri)
+        if name is not None and name not in self._isolated and "error" not in reply:
+            self._subscribed[name].add(uri)  # an isolated upstream's children keep their own
         return reply
 
     async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
@@ -345,8 +419,8 @@ class UpstreamPool:
     async def _restore(self, name: str) -> None:
         """A (re)started 2025 upstream is told again what it forgot: the log level, the URIs subscribed on it."""
         upstream = self._upstreams[name]
-        if upstream.modern:  # its level rides on each request, its subscriptions on the listen stream
-            return
+        if upstream.modern or name in self._isolated:
+            return  # a 2026 upstream's level rides on each request; an isolated one restores each child itself
         asks: list[tuple[str, JsonObj]] = []
         if self._log_level is not None and self._offers(name, "logging"):
             asks.append(("logging/setLevel", {"level": self._log_level}))

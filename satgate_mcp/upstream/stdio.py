@@ -1,6 +1,7 @@
 """An upstream MCP server run as a child process speaking newline-delimited JSON-RPC on stdio.
 
-One child serves every client session. A supervisor task owns the child's life: spawn,
+One child serves every client session (or, under ``"isolation"``, one token's or one session's:
+``isolated.py`` keeps a child of this kind per owner). A supervisor task owns the child's life: spawn,
 initialize, watch, and on death fail every call in flight at once, then restart with backoff.
 The child runs in its own process group so that stopping it also stops anything it spawned.
 """
@@ -55,9 +56,13 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         ready_grace: float = 2.0,
         stop_grace: float = 1.0,
         terminate_timeout: float = 3.0,
+        instance: str | None = None,
     ) -> None:
+        """``instance``: which of an isolated upstream's children this is (its owner, or "catalogue"), for logs."""
         super().__init__(name, spec, transport="stdio", send=self._write, publisher=publisher, metrics=metrics,
                          restart_policy=restart_policy)
+        if instance is not None:
+            self._log = self._log.bind(instance=instance)
         self._ready_grace = ready_grace
         self._stop_grace = stop_grace
         self._terminate_timeout = terminate_timeout

@@ -181,17 +181,26 @@ def cancelled_params(request_id: RequestId, reason: str) -> JsonObj:
     return {"requestId": request_id, "reason": reason}
 
 
-def unattributed_refusal(request: jsonrpc.Request, upstream: str, *, shared_pipe: bool) -> JsonObj:
-    """The answer to an upstream request no single client can be named for: refused, never guessed."""
-    if shared_pipe:
+def unattributed_refusal(request: jsonrpc.Request, upstream: str, *, shared_pipe: bool,
+                         isolation: str = "shared") -> JsonObj:
+    """The answer to an upstream request no single client can be named for: refused, never guessed.
+
+    ``isolation`` is the child's: ``shared`` (one child for everyone), or ``token`` (one per token id,
+    shared by that token's sessions), so the message names the setting that would make it exact.
+    """
+    if shared_pipe and isolation == "token":
+        why = (f'upstream {upstream!r} runs one child per token ("isolation": "token") and calls from several '
+               "client sessions of this token (or none) are in flight on it, so the gateway cannot tell which "
+               f'client {request.method!r} is for; "isolation": "session" gives every session its own child')
+    elif shared_pipe:
         why = (f'upstream {upstream!r} is one child shared by every client ("isolation": "shared") and calls from '
                "several client sessions (or none) are in flight, so the gateway cannot tell which client "
-               f"{request.method!r} is for")
+               f'{request.method!r} is for; "isolation": "token" or "session" gives clients children of their own')
     else:
         why = (f"upstream {upstream!r} sent {request.method!r} outside the response stream of any call, so the "
                "gateway cannot tell which client it is for")
     return jsonrpc.error_response(request.id, jsonrpc.INVALID_REQUEST, why,
-                                  {"error": "unattributable", "upstream": upstream, "isolation": "shared"})
+                                  {"error": "unattributable", "upstream": upstream, "isolation": isolation})
 
 
 def backoff_delay(attempt: int, *, base: float = 0.1, cap: float = 10.0) -> float:
