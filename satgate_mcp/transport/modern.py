@@ -28,6 +28,7 @@ from satgate_mcp.transport.relay import Emit
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.transport.stream import SHUTTING_DOWN
 from satgate_mcp.upstream.base import Resume
+from satgate_mcp.upstream.wire import without_input_fields
 
 #: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
 DISCONNECT_POLL_SECONDS = 0.25
@@ -151,6 +152,8 @@ class ModernTransport:
         """One round of the call: a new call, or the retry of one waiting for its client's input (MRTR).
 
         A retry whose state carries a modern upstream's runs the call anew there; one naming a flow answers it.
+        ``inputResponses`` without a ``requestState`` continue nothing: the call is a new one, and the answers go
+        to a modern upstream as given (it may use those it recognises and ask again for the rest).
         """
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
@@ -165,6 +168,10 @@ class ModernTransport:
             if message.method not in mrtr.MRTR_METHODS:
                 return refusal_answer(_state_refused(f"{message.method} takes no inputResponses or requestState"),
                                       message.id)
+            if "inputResponses" in params and not isinstance(params["inputResponses"], dict):
+                return refusal_answer(_state_refused("inputResponses must be an object of answers by key"),
+                                      message.id)
+        if "requestState" in params:
             try:
                 resume = self._flows.carried(params.get("requestState"), params.get("inputResponses"),
                                              holder=holder, digest=digest)
@@ -193,8 +200,8 @@ class ModernTransport:
         flow.streaming = streams
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = modern_rules.without_protocol_meta(message.params)
-        if params is not None and resume is not None:
-            params = {k: v for k, v in params.items() if k not in ("inputResponses", "requestState")}
+        if resume is not None:
+            params = without_input_fields(params)
         call = jsonrpc.Request(message.id, message.method, params)
         flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
         return flow

@@ -32,6 +32,7 @@ from satgate_mcp.upstream.wire import (
     retry_params,
     split_batch,
     with_modern_meta,
+    without_input_fields,
 )
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
@@ -138,6 +139,8 @@ class UpstreamConnection(Generic[SpecT]):
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
         if not self._modern:
+            if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
+                params = without_input_fields(params)
             return await self._request(method, params, budget, on_progress)
         params = with_modern_meta(params)
         if resume is not None:

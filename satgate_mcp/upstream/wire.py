@@ -149,9 +149,19 @@ def is_input_required(reply: JsonObj) -> bool:
     return isinstance(result, dict) and result.get("resultType") == "input_required"
 
 
+#: The params of a 2026-07-28 retry that are not part of the request itself.
+INPUT_FIELDS = ("inputResponses", "requestState")
+
+
+def without_input_fields(params: JsonObj | None) -> JsonObj | None:
+    if params is None or not any(k in params for k in INPUT_FIELDS):
+        return params
+    return {k: v for k, v in params.items() if k not in INPUT_FIELDS}
+
+
 def retry_params(params: JsonObj | None, responses: JsonObj, state: object) -> JsonObj:
     """The params of an ``input_required`` retry: the original ones, the answers, the state echoed."""
-    out = {k: v for k, v in (params or {}).items() if k not in ("inputResponses", "requestState")}
+    out = dict(without_input_fields(params) or {})
     if responses:
         out["inputResponses"] = responses
     if state is not None:
