@@ -275,11 +275,12 @@ class ModernTransport:
         return await stream.finish(reply)
 
 
-def _lacks(capability: str) -> Refusal:
+def _lacks(required: JsonObj) -> Refusal:
+    names = ", ".join(repr(c) for c in sorted(required))
     return modern_rules.modern_error(
         400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
-        f"This call needs the client capability {capability!r}, which the request did not declare",
-        {"requiredCapabilities": {capability: {}}})
+        f"This call needs the client capability {names}, which the request did not declare",
+        {"requiredCapabilities": required})
 
 
 def _state_refused(why: str) -> Refusal:

@@ -38,7 +38,7 @@ import structlog
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.transport.relay import NEEDS_CAPABILITY, Emit, log_message_passes, refused
+from satgate_mcp.transport.relay import Emit, log_message_passes, refused, required_capability
 from satgate_mcp.upstream.base import Resume
 
 #: How long a flow waits for its client's retry before the upstream call is given up.
@@ -162,7 +162,8 @@ class Outcome:
 
     reply: JsonObj | None = None
     asks: list[Ask] = field(default_factory=list)
-    missing_capability: str | None = None
+    #: The client capabilities (``ClientCapabilities`` shape) the call needs and the client did not declare.
+    missing_capability: JsonObj | None = None
 
 
 class Flow:
@@ -206,9 +207,9 @@ class Flow:
 
     def ask(self, method: str, params: JsonObj | None) -> Ask | None:
         """An upstream request for this call's client: queued for the client, or None when it lacks the capability."""
-        capability = NEEDS_CAPABILITY.get(method)
-        if capability is not None and capability not in self.capabilities:
-            self._outcomes.put_nowait(Outcome(missing_capability=capability))
+        lacking = required_capability(method, params, self.capabilities)
+        if lacking is not None:
+            self._outcomes.put_nowait(Outcome(missing_capability=lacking))
             return None
         self._keys += 1
         ask = Ask(f"{method.split('/')[0]}-{self._keys}", method, params)
@@ -323,6 +324,9 @@ class ModernRelay:
             return  # a modern request gets log messages only when its _meta asks for a level
         await self._flow.emit(jsonrpc.notification_message(method, params))
 
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return required_capability(method, params, self._flow.capabilities)
+
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         ask = self._flow.ask(method, params)
         if ask is None:
@@ -337,15 +341,18 @@ class ModernRelay:
         return None
 
 
-def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> str | None:
-    """The first capability a modern upstream's ``inputRequests`` need that the client did not declare."""
+def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> JsonObj | None:
+    """The client capabilities a modern upstream's ``inputRequests`` need that the client did not declare."""
     asked = result.get("inputRequests")
+    required: JsonObj = {}
     for request in (asked.values() if isinstance(asked, dict) else ()):
         method = request.get("method") if isinstance(request, dict) else None
-        needed = NEEDS_CAPABILITY.get(method) if isinstance(method, str) else None
-        if needed is not None and needed not in capabilities:
-            return needed
-    return None
+        params = request.get("params") if isinstance(request, dict) else None
+        if isinstance(method, str):
+            for capability, detail in (required_capability(
+                    method, params if isinstance(params, dict) else None, capabilities) or {}).items():
+                required[capability] = {**required.get(capability, {}), **detail}
+    return required or None
 
 
 def carried_result(result: JsonObj, state: str) -> JsonObj:

@@ -46,6 +46,11 @@ class Relay(Protocol):
         """Relay an upstream's request to the client; the client's response message (result or error), never raises."""
         ...
 
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        """The client capabilities this request needs that the call's client did not declare (None: it did, or
+        they are not known), asked before anything is put to the client."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Resume:

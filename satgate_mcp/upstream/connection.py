@@ -74,6 +74,15 @@ def moved_on_refusal(asked: str, here: str) -> JsonObj:
                                   {"error": "request_state_refused"})
 
 
+def missing_capability_reply(upstream: str, required: JsonObj) -> JsonObj:
+    """The call's error when a modern upstream asks for input the calling client did not declare it can give."""
+    names = ", ".join(sorted(required))
+    return jsonrpc.error_response(None, jsonrpc.MISSING_CLIENT_CAPABILITY,
+                                  f"This call needs the client capability {names}, which the client did not declare "
+                                  f"(upstream {upstream!r} asked for it)",
+                                  {"error": "missing_client_capability", "requiredCapabilities": required})
+
+
 def input_refusal(upstream: str, why: str) -> JsonObj:
     return jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,
                                   f"upstream {upstream!r} asked for client input the gateway cannot give: {why}",
@@ -169,18 +178,27 @@ class UpstreamConnection(Generic[SpecT]):
         ``{"result": inputResponses}``, or the first refusal or error the client gave, as the call's error.
         """
         asked = result.get("inputRequests")
-        answers: JsonObj = {}
+        requests: list[tuple[str, str, JsonObj | None]] = []
         for key, request in (asked.items() if isinstance(asked, dict) else ()):
             if not isinstance(request, dict) or not isinstance(request.get("method"), str):
                 return input_refusal(self.name, f"its inputRequests[{key!r}] is not a request")
             params = request.get("params")
-            answer = await relay.ask(request["method"], params if isinstance(params, dict) else None,
-                                     self._spec.timeout)
+            requests.append((str(key), request["method"], params if isinstance(params, dict) else None))
+        # Nothing is put to the client before it is known that it can answer every question.
+        required: JsonObj = {}
+        for _, method, params in requests:
+            for capability, detail in (relay.lacks(method, params) or {}).items():
+                required[capability] = {**required.get(capability, {}), **detail}
+        if required:
+            return missing_capability_reply(self.name, required)
+        answers: JsonObj = {}
+        for key, method, params in requests:
+            answer = await relay.ask(method, params, self._spec.timeout)
             if "error" in answer:
                 return jsonrpc.with_id({k: v for k, v in answer.items() if k != "result"}, None)
             if not isinstance(answer.get("result"), dict):
                 return input_refusal(self.name, "the client's answer has no result")
-            answers[str(key)] = answer["result"]
+            answers[key] = answer["result"]
         return {"result": answers}
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,

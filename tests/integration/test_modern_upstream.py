@@ -24,6 +24,7 @@ import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
@@ -60,12 +61,14 @@ async def elicit(context: Any, params: types.ElicitRequestParams) -> types.Elici
 
 
 @contextlib.asynccontextmanager
-async def legacy_client(gw: GatewayProcess, token: str) -> AsyncIterator[ClientSession]:
-    """A 2025 SDK session that answers elicitations (the gateway relays them on the call's POST stream)."""
+async def legacy_client(gw: GatewayProcess, token: str, *, elicits: bool = True) -> AsyncIterator[ClientSession]:
+    """A 2025 SDK session that answers elicitations (the gateway relays them on the call's POST stream);
+    ``elicits=False``: one that declares no elicitation capability."""
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
                               timeout=httpx2.Timeout(CALL_TIMEOUT))
+    callbacks: dict[str, Any] = {"elicitation_callback": elicit} if elicits else {}
     async with (http, streamable_http_client(f"{gw.url}/mcp", http_client=http) as (read, write),
-                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, elicitation_callback=elicit) as session):
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, **callbacks) as session):
         await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
         yield session
 
@@ -86,6 +89,19 @@ async def test_a_2025_client_lists_calls_and_answers_the_modern_upstreams_elicit
     assert asked == {"action": "accept", "content": {"answer": "re: colour?"}}
     lines = [json.loads(line) for line in gateway.log_file.read_text().splitlines() if line.startswith("{")]
     assert any(line.get("event") == "upstream_ready" and line.get("upstream") == "m" for line in lines)
+
+
+async def test_a_2025_client_without_elicitation_gets_minus_32021_naming_the_capability(
+        gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "plain-legacy")
+    async with legacy_client(gateway, token, elicits=False) as session:
+        with pytest.raises(MCPError) as refused:
+            await asyncio.wait_for(session.call_tool("mrtr_ask", {"question": "colour?"}), CALL_TIMEOUT)
+        echoed = await asyncio.wait_for(session.call_tool("echo", {"text": "still here"}), CALL_TIMEOUT)
+    assert refused.value.error.code == -32021
+    assert refused.value.error.data["requiredCapabilities"] == {"elicitation": {}}
+    assert isinstance(echoed.content[0], types.TextContent)
+    assert echoed.content[0].text == "still here"
 
 
 async def test_a_2026_client_continues_the_flow_on_a_restarted_gateway(gateway: GatewayProcess) -> None:

@@ -135,8 +135,12 @@ def test_attack_a_carried_state_pointed_at_another_upstream_does_not_verify() ->
 def test_only_declared_inputs_may_be_asked_of_a_modern_client() -> None:
     result = {"inputRequests": {"a": {"method": "elicitation/create"}, "b": {"method": "sampling/createMessage"}}}
     assert mrtr.missing_capability(result, {"elicitation": {}, "sampling": {}}) is None
-    assert mrtr.missing_capability(result, {"elicitation": {}}) == "sampling"
+    assert mrtr.missing_capability(result, {"elicitation": {}}) == {"sampling": {}}
+    assert mrtr.missing_capability(result, {}) == {"elicitation": {}, "sampling": {}}
     assert mrtr.missing_capability({"requestState": "s"}, {}) is None
+    url = {"inputRequests": {"u": {"method": "elicitation/create", "params": {"mode": "url", "url": "https://x"}}}}
+    assert mrtr.missing_capability(url, {"elicitation": {}}) == {"elicitation": {"url": {}}}
+    assert mrtr.missing_capability(url, {"elicitation": {"url": {}}}) is None
     assert mrtr.carried_result({"resultType": "input_required", "requestState": "theirs"}, "ours") == {
         "resultType": "input_required", "requestState": "ours"}
 

@@ -138,6 +138,9 @@ class FakeCarrier:
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         raise AssertionError("a modern upstream's input is carried, never asked")
 
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return None
+
     def carry(self, upstream: str, result: JsonObj) -> None:
         self.carried.append((upstream, result))
 
@@ -203,8 +206,9 @@ class FakeRelay:
 
     session_key = "s"
 
-    def __init__(self, answer: JsonObj) -> None:
+    def __init__(self, answer: JsonObj, declared: frozenset[str] = frozenset({"elicitation/create"})) -> None:
         self.answer = answer
+        self.declared = declared
         self.asked: list[tuple[str, JsonObj | None]] = []
 
     async def __call__(self, params: JsonObj) -> None:
@@ -219,6 +223,9 @@ class FakeRelay:
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         self.asked.append((method, params))
         return self.answer
+
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return None if method in self.declared else {method.split("/")[0]: {}}
 
 
 @pytest.fixture
@@ -253,6 +260,19 @@ async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> 
         await modern_stdio.close()
     assert reply["error"]["message"] == "no elicitation here"
     assert unasked["error"]["data"]["error"] == "input_not_relayed"
+
+
+async def test_input_the_2025_client_did_not_declare_is_minus_32021_and_nothing_is_asked(
+        modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept"}}, declared=frozenset())
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}},
+                                           on_progress=relay)
+    finally:
+        await modern_stdio.close()
+    assert reply["error"]["code"] == -32021
+    assert reply["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}
+    assert relay.asked == []
 
 
 async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> None:
@@ -359,3 +379,14 @@ async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, 
         assert reply["result"]["content"][0]["text"] == "both"
     finally:
         await upstream.close()
+
+
+def test_a_retrys_own_fields_are_dropped_for_an_upstream_that_has_no_use_for_them() -> None:
+    params = {"name": "t", "arguments": {}, "inputResponses": {"k": {}}, "requestState": "s"}
+    assert wire.without_input_fields(params) == {"name": "t", "arguments": {}}
+    plain = {"name": "t"}
+    assert wire.without_input_fields(plain) is plain
+    assert wire.without_input_fields(None) is None
+    retried = wire.retry_params(plain, {"k": {"action": "accept"}}, "s2")
+    assert retried == {"name": "t", "inputResponses": {"k": {"action": "accept"}}, "requestState": "s2"}
+    assert plain == {"name": "t"}  # the caller's params are not changed
