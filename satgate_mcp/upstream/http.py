@@ -129,7 +129,8 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         message = jsonrpc.request_message(upstream_id, method, params)
         sent = False
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(budget) as clock:
+                self._inbox.time_route(route, clock, budget)
                 try:
                     await self._ensure_ready()
                 except UpstreamUnavailable as exc:

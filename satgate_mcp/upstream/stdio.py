@@ -255,7 +255,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._pending[upstream_id] = reply
         sent = False
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as clock:
+                self._inbox.time_route(route, clock, timeout)
                 await self._write(jsonrpc.request_message(upstream_id, method, params))
                 sent = True
                 answer = await reply

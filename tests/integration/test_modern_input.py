@@ -4,7 +4,8 @@ The spec lets a client send answers with a call the server never asked (it shoul
 ignore the rest) and lets a server without state ask without a ``requestState``. So answers without a state are
 a new call, never a refused retry: a 2026-era upstream gets them as they are and may complete at once; a
 2025-era upstream has no use for them (they are not sent) and asks its question, which the gateway puts to
-the client as usual. Malformed answers are the gateway's -32602.
+the client as usual. Malformed answers are the gateway's -32602. A client may take longer to answer than the
+upstream's whole timeout: each round is bounded by it, not the flow.
 
 The upstream is tests/upstream_server.py ``--conformance`` over stdio, which serves both eras: the gateway is
 told which one to speak (``"protocol"``), so both paths run against the same tool
@@ -13,6 +14,7 @@ told which one to speak (``"protocol"``), so both paths run against the same too
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -95,3 +97,23 @@ async def test_input_responses_that_are_not_an_object_are_minus_32602(
     assert refused["id"] == 7
     assert refused["error"]["code"] == -32602
     assert "inputResponses" in refused["error"]["message"]
+
+
+async def test_a_2026_client_may_answer_later_than_the_upstreams_timeout(tmp_path: Path) -> None:
+    """The 2025 upstream's call waits for the answer; its 1 s timeout counts only its own time in each round."""
+    spec = {"transport": "stdio", "command": upstream_command("--conformance"), "protocol": "2025", "timeout": 1.0}
+    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"c": spec})})
+    gw.start()
+    try:
+        await gw.wait_ready()
+        token = await mint(gw, "slow-thinker")
+        status, first = await call(gw, token, 1)
+        assert (status, first["result"]["resultType"]) == (200, "input_required")
+        [key] = first["result"]["inputRequests"]
+        await asyncio.sleep(1.5)  # the person takes longer than the upstream's timeout to fill the form
+        state = first["result"]["requestState"]
+        status, done = await call(gw, token, 2, inputResponses={key: ALICE}, requestState=state)
+        assert status == 200
+        assert done["result"]["content"][0]["text"] == "Hello, Alice!"
+    finally:
+        await gw.kill()
