@@ -324,6 +324,9 @@ class ModernRelay:
             return  # a modern request gets log messages only when its _meta asks for a level
         await self._flow.emit(jsonrpc.notification_message(method, params))
 
+    def log_level(self) -> str | None:
+        return self._flow.log_level
+
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return required_capability(method, params, self._flow.capabilities)
 

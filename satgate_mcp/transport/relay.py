@@ -173,6 +173,9 @@ class CallRelay:
             return
         await self._emit(jsonrpc.notification_message(method, params))
 
+    def log_level(self) -> str | None:
+        return self._log_level()
+
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return required_capability(method, params, self._capabilities())
 

@@ -151,7 +151,7 @@ class UpstreamConnection(Generic[SpecT]):
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
             return await self._request(method, params, budget, on_progress)
-        params = with_modern_meta(params)
+        params = with_modern_meta(params, on_progress.log_level() if isinstance(on_progress, Relay) else None)
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
         reply = await self._request(method, params, budget, on_progress)

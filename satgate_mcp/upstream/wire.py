@@ -27,6 +27,7 @@ META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
 #: What a modern upstream may ask the gateway for (``inputRequests``): it bridges each to the caller's client.
 MODERN_CLIENT_CAPABILITIES: JsonObj = {"elicitation": {}, "sampling": {}, "roots": {}}
 #: Methods whose HTTP request names its target in ``Mcp-Name`` (the param that holds it).
@@ -83,11 +84,13 @@ def modern_meta() -> JsonObj:
             META_CLIENT_INFO: {"name": SERVER_NAME, "version": __version__}}
 
 
-def with_modern_meta(params: JsonObj | None) -> JsonObj:
-    """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept)."""
+def with_modern_meta(params: JsonObj | None, log_level: str | None = None) -> JsonObj:
+    """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept), and the
+    caller's log level when it wants log messages (a modern upstream sends none otherwise)."""
     params = params or {}
     meta = params.get("_meta")
-    return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **modern_meta()}}
+    added = {**modern_meta(), META_LOG_LEVEL: log_level} if log_level is not None else modern_meta()
+    return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **added}}
 
 
 def discover_params() -> JsonObj:

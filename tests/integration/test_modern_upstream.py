@@ -104,6 +104,37 @@ async def test_a_2025_client_without_elicitation_gets_minus_32021_naming_the_cap
     assert echoed.content[0].text == "still here"
 
 
+async def test_a_2025_sessions_log_level_reaches_the_modern_upstream_with_each_call(gateway: GatewayProcess) -> None:
+    """A 2026 upstream has no logging/setLevel: the session's level travels in each request's ``_meta``."""
+    token = await mint(gateway, "logs-legacy")
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(params.level)
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    async with (http, streamable_http_client(f"{gateway.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, logging_callback=on_log) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        await asyncio.wait_for(session.call_tool("relay_log", {"tag": "unset"}), CALL_TIMEOUT)
+        assert heard == []  # no level set: a 2026 upstream sends nothing (its revision's default)
+        await asyncio.wait_for(session.set_logging_level("warning"), CALL_TIMEOUT)
+        await asyncio.wait_for(session.call_tool("relay_log", {"tag": "set"}), CALL_TIMEOUT)
+    assert heard == ["warning", "error"]
+
+
+async def test_a_2026_clients_log_level_reaches_the_modern_upstream(gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "logs-modern")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "_meta": {**META, "io.modelcontextprotocol/logLevel": "error"}, "name": "relay_log", "arguments": {}}}
+    answer = await _post(gateway, token, body)
+    events = [json.loads(line[5:]) for line in answer.text.splitlines() if line.startswith("data:")]
+    levels = [e["params"]["level"] for e in events if e.get("method") == "notifications/message"]
+    assert levels == ["error"]
+    assert events[-1]["result"]["content"][0]["text"] == "logged"
+
+
 async def test_a_2026_client_continues_the_flow_on_a_restarted_gateway(gateway: GatewayProcess) -> None:
     """The key property: the state is sealed, so a new process with the same keys continues the call."""
     token = await mint(gateway, "modern-agent")

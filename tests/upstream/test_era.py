@@ -62,6 +62,8 @@ def test_modern_meta_keeps_the_callers_fields() -> None:
     assert params["_meta"][wire.META_VERSION] == MODERN
     assert params["_meta"][wire.META_CAPABILITIES] == {"elicitation": {}, "sampling": {}, "roots": {}}
     assert wire.with_modern_meta(None)["_meta"][wire.META_VERSION] == MODERN
+    assert wire.META_LOG_LEVEL not in params["_meta"]  # no level: the upstream sends no log messages
+    assert wire.with_modern_meta({"name": "t"}, "warning")["_meta"][wire.META_LOG_LEVEL] == "warning"
 
 
 @pytest.mark.parametrize(("message", "name"), [
@@ -139,6 +141,9 @@ class FakeCarrier:
         raise AssertionError("a modern upstream's input is carried, never asked")
 
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return None
+
+    def log_level(self) -> str | None:
         return None
 
     def carry(self, upstream: str, result: JsonObj) -> None:
@@ -226,6 +231,9 @@ class FakeRelay:
 
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return None if method in self.declared else {method.split("/")[0]: {}}
+
+    def log_level(self) -> str | None:
+        return None
 
 
 @pytest.fixture

@@ -50,6 +50,9 @@ class ThinkingClient:
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return None
 
+    def log_level(self) -> str | None:
+        return None
+
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         self.asked.append(method)
         await asyncio.sleep(THINK)  # the client's think time is the subject here, not something to await
