@@ -35,6 +35,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.message import ServerMessageMetadata
 
 JsonObj = dict[str, Any]
@@ -156,12 +157,17 @@ class StreamExtras:
 
 
 STREAM = StreamExtras()
+#: 2026-07-28 has no standing stream: ``--modern-only`` serves ``subscriptions/listen`` from this bus.
+BUS = InMemorySubscriptionBus()
 
 
 async def run_stream_tool(name: str, ctx: ServerRequestContext[Any], tool: str, args: JsonObj) -> JsonObj:
     """Each sends its notification outside the call (over HTTP: on the GET stream), as a server on its own would."""
     if tool == "stream_touch":
-        await ctx.session.send_resource_updated(str(args.get("uri", "")))
+        if ctx.protocol_version == "2026-07-28":  # to the listen streams whose filter names the URI
+            await BUS.publish(ResourceUpdated(str(args.get("uri", ""))))
+        else:
+            await ctx.session.send_resource_updated(str(args.get("uri", "")))
         return _text("touched")
     if tool == "stream_add_resources":
         start = len(STREAM.resources)
@@ -723,6 +729,7 @@ def build_server(state: State) -> Server[Any]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         on_set_logging_level=set_level,
+        on_subscriptions_listen=ListenHandler(BUS) if state.modern_only else None,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     return server
@@ -806,7 +813,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
     parser.add_argument("--modern-only", action="store_true",
-                        help="speak 2026-07-28 only (no initialize) and add the mrtr_ask tool")
+                        help="speak 2026-07-28 only (no initialize), serve subscriptions/listen, add the mrtr_ask tool")
     return parser.parse_args(argv)
 
 

@@ -25,6 +25,7 @@ from satgate_mcp.upstream.base import InputCarrier, ProgressCallback, Relay, eve
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     MAX_INPUT_ROUNDS,
+    SUBSCRIPTION_METHODS,
     RestartPolicy,
     cancelled_params,
     clip,
@@ -117,6 +118,8 @@ class UpstreamConnection(Generic[SpecT]):
         self._init_result: JsonObj | None = None
         #: Whether the upstream speaks 2026-07-28 (found by ``server/discover``): no session, ``_meta`` on each request.
         self._modern = False
+        #: A modern upstream's subscribed URIs (the pool's subscriptions, reference-counted there): its listen filter.
+        self._resource_subscriptions: set[str] = set()
 
     @property
     def modern(self) -> bool:
@@ -147,6 +150,8 @@ class UpstreamConnection(Generic[SpecT]):
         resume = carrier.resume if carrier is not None else None
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
+        if self._modern and method in SUBSCRIPTION_METHODS:
+            return await self._listen_for(params, subscribe=SUBSCRIPTION_METHODS[method])
         if not self._modern:
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
@@ -171,6 +176,34 @@ class UpstreamConnection(Generic[SpecT]):
             reply = await self._request(method, params, budget, on_progress)
         return reply if not is_input_required(reply) else input_refusal(
             self.name, f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
+
+    @property
+    def resource_subscriptions(self) -> list[str]:
+        return sorted(self._resource_subscriptions)
+
+    async def _listen_for(self, params: JsonObj | None, *, subscribe: bool) -> JsonObj:
+        """``resources/(un)subscribe`` for a 2026-07-28 upstream, which has neither: the URI joins (or leaves) the
+        filter of its ``subscriptions/listen`` stream, reopened with the new filter."""
+        uri = (params or {}).get("uri")
+        if not isinstance(uri, str) or not uri:
+            return jsonrpc.error_response(None, jsonrpc.INVALID_PARAMS, "Invalid params: a uri is required",
+                                          {"error": "invalid_params"})
+        resources = ((self._init_result or {}).get("capabilities") or {}).get("resources")
+        if subscribe and not (isinstance(resources, dict) and resources.get("subscribe")):
+            return jsonrpc.error_response(None, jsonrpc.METHOD_NOT_FOUND,
+                                          f"upstream {self.name!r} offers no resource subscriptions",
+                                          {"error": "not_offered", "upstream": self.name})
+        if (uri in self._resource_subscriptions) != subscribe:
+            if subscribe:
+                self._resource_subscriptions.add(uri)
+            else:
+                self._resource_subscriptions.discard(uri)
+            await self._relisten()
+        return jsonrpc.result_response(None, {})
+
+    async def _relisten(self) -> None:
+        """Open the modern upstream's listen stream again with the current filter (its filter is fixed per stream)."""
+        return None
 
     async def _ask_client(self, relay: Relay, result: JsonObj) -> JsonObj:
         """Put each of a modern upstream's ``inputRequests`` to the 2025 client as a real request.

@@ -26,6 +26,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, Relay
 from satgate_mcp.upstream.wire import (
+    LISTEN_ACKNOWLEDGED,
     is_pool_notification,
     restore_progress_token,
     rewrite_progress_token,
@@ -162,8 +163,9 @@ class Inbox:
             self.spawn(self._relay_request(message, route))
         elif message.method == "notifications/progress":
             self._progress(message.params or {})
-        elif message.method == "notifications/cancelled":
-            # The upstream gives up on a request it sent us; its answer then simply goes unread.
+        elif message.method in ("notifications/cancelled", LISTEN_ACKNOWLEDGED):
+            # The upstream gives up on a request it sent us (its answer then simply goes unread), or acknowledges
+            # the gateway's own listen stream.
             return
         elif is_pool_notification(message.method):
             self.notify(message.method, message.params)

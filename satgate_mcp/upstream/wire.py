@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +105,20 @@ def discover_timeout(call_timeout: float) -> float:
     return min(call_timeout, DISCOVER_TIMEOUT) if call_timeout > 0 else DISCOVER_TIMEOUT
 
 
-def listen_params() -> JsonObj:
-    """Every list change a modern upstream can announce: the pool re-lists on each, as on 2025 notifications."""
-    return with_modern_meta({"notifications": {"toolsListChanged": True, "promptsListChanged": True,
-                                               "resourcesListChanged": True}})
+#: The first message on a ``subscriptions/listen`` stream: for the gateway that opened it, no client's business.
+LISTEN_ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+#: What 2026-07-28 removed: a modern upstream's resource subscriptions are the URIs of its listen stream instead.
+SUBSCRIPTION_METHODS = {"resources/subscribe": True, "resources/unsubscribe": False}
+
+
+def listen_params(uris: Iterable[str] = ()) -> JsonObj:
+    """Every list change a modern upstream can announce (the pool re-lists on each, as on 2025 notifications) and
+    the updates of ``uris``: the resources some client of the gateway is subscribed to on that upstream."""
+    notifications: JsonObj = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
+    subscribed = sorted(set(uris))
+    if subscribed:
+        notifications["resourceSubscriptions"] = subscribed
+    return with_modern_meta({"notifications": notifications})
 
 
 def modern_headers(message: JsonObj) -> dict[str, str]:

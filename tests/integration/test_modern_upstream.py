@@ -135,6 +135,66 @@ async def test_a_2026_clients_log_level_reaches_the_modern_upstream(gateway: Gat
     assert events[-1]["result"]["content"][0]["text"] == "logged"
 
 
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_a_2025_sessions_resource_subscription_reaches_the_modern_upstream_as_its_listen_filter(
+        gateway: GatewayProcess) -> None:
+    """2026-07-28 has no resources/subscribe: the gateway asks the upstream's listen stream for the URI instead,
+    and the upstream's updates of it (only of it) reach the subscribed session."""
+    token = await mint(gateway, "subscriber")
+    updates: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await updates.put(str(message.params.uri))
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    async with (http, streamable_http_client(f"{gateway.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, message_handler=on_message) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        await asyncio.wait_for(session.subscribe_resource("memo://m/readme"), CALL_TIMEOUT)
+        async with asyncio.timeout(CALL_TIMEOUT):
+            while updates.empty():  # the session's GET stream opens on its own after initialize: touch until it hears
+                for uri in ("memo://m/elsewhere", "memo://m/readme"):
+                    await session.call_tool("stream_touch", {"uri": uri})
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await updates.put(await updates.get())
+        await asyncio.wait_for(session.unsubscribe_resource("memo://m/readme"), CALL_TIMEOUT)
+    heard = [updates.get_nowait() for _ in range(updates.qsize())]
+    assert heard
+    assert set(heard) == {"memo://m/readme"}
+
+
+async def test_a_2026_clients_listen_stream_gets_the_modern_upstreams_resource_updates(
+        gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "listener")
+    listen = {"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen",
+              "params": {"_meta": META, "notifications": {"resourceSubscriptions": ["memo://m/readme"]}}}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream, application/json",
+               "MCP-Protocol-Version": MODERN, "Mcp-Method": "subscriptions/listen"}
+    frames: list[Any] = []
+    async with (httpx2.AsyncClient(trust_env=False, timeout=CALL_TIMEOUT) as http,
+                http.stream("POST", f"{gateway.url}/mcp", json=listen, headers=headers) as stream):
+        lines = stream.aiter_lines()
+        async with asyncio.timeout(CALL_TIMEOUT):
+            while not frames:
+                line = await anext(lines)
+                frames += [json.loads(line[5:])] if line.startswith("data:") else []
+            touch = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"_meta": META, "name": "stream_touch", "arguments": {"uri": "memo://m/readme"}}}
+            assert "result" in _json_of(await _post(gateway, token, touch))
+            while len(frames) < 2:
+                line = await anext(lines)
+                frames += [json.loads(line[5:])] if line.startswith("data:") else []
+    ack, update = frames
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"]["resourceSubscriptions"] == ["memo://m/readme"]
+    assert update["method"] == "notifications/resources/updated"
+    assert update["params"]["uri"] == "memo://m/readme"
+    assert update["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "sub-1"
+
+
 async def test_a_2026_client_continues_the_flow_on_a_restarted_gateway(gateway: GatewayProcess) -> None:
     """The key property: the state is sealed, so a new process with the same keys continues the call."""
     token = await mint(gateway, "modern-agent")

@@ -398,3 +398,29 @@ def test_a_retrys_own_fields_are_dropped_for_an_upstream_that_has_no_use_for_the
     retried = wire.retry_params(plain, {"k": {"action": "accept"}}, "s2")
     assert retried == {"name": "t", "inputResponses": {"k": {"action": "accept"}}, "requestState": "s2"}
     assert plain == {"name": "t"}  # the caller's params are not changed
+
+
+def test_a_modern_upstreams_listen_filter_names_the_subscribed_uris() -> None:
+    plain = wire.listen_params()["notifications"]
+    assert plain == {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
+    assert wire.listen_params(["memo://b", "memo://a", "memo://b"])["notifications"]["resourceSubscriptions"] == [
+        "memo://a", "memo://b"]
+    assert wire.listen_params()["_meta"][wire.META_VERSION] == MODERN
+
+
+async def test_resource_subscriptions_of_a_modern_upstream_become_its_listen_filter(
+        modern_stdio: StdioUpstream) -> None:
+    try:
+        subscribed = await modern_stdio.request("resources/subscribe", {"uri": "memo://m/readme"})
+        again = await modern_stdio.request("resources/subscribe", {"uri": "memo://m/readme"})
+        held = modern_stdio.resource_subscriptions
+        unsubscribed = await modern_stdio.request("resources/unsubscribe", {"uri": "memo://m/readme"})
+        without_uri = await modern_stdio.request("resources/subscribe", {})
+    finally:
+        await modern_stdio.close()
+    assert subscribed["result"] == {}
+    assert again["result"] == {}
+    assert held == ["memo://m/readme"]
+    assert unsubscribed["result"] == {}
+    assert modern_stdio.resource_subscriptions == []
+    assert without_uri["error"]["code"] == -32602
