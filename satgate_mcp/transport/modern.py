@@ -33,6 +33,8 @@ from satgate_mcp.upstream.wire import without_input_fields
 #: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
 DISCONNECT_POLL_SECONDS = 0.25
 KEEPALIVE_SECONDS = 15.0
+#: How long shutdown waits for the given-up flows' calls to end (an upstream told to cancel usually answers at once).
+CLOSE_WAIT_SECONDS = 5.0
 
 
 class ModernTransport:
@@ -44,8 +46,11 @@ class ModernTransport:
         self._flows = flows if flows is not None else mrtr.Flows([])
 
     async def aclose(self) -> None:
-        """At shutdown: calls still waiting for a client's input are given up."""
-        self._flows.close()
+        """At shutdown: calls still waiting for a client's input are given up, and have ended (each settles its
+        charge in the state store, which closes after this) when this returns."""
+        calls = self._flows.close()
+        if calls:
+            await asyncio.wait(calls, timeout=CLOSE_WAIT_SECONDS)
 
     async def _listen(self, request: web.Request, principal: Principal, message: jsonrpc.Request) -> web.StreamResponse:
         """Acknowledge what will be sent, then send only that until the client leaves or the process stops."""

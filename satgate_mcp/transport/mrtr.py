@@ -288,10 +288,15 @@ class Flows:
             log.info("mrtr_flow_expired", flow=flow_id)
             flow.cancel("the client did not retry in time")
 
-    def close(self) -> None:
+    def close(self) -> list[asyncio.Task[JsonObj]]:
+        """Give up every waiting flow; returns their calls, cancelled, for the caller to await."""
+        calls = []
         for flow_id in list(self._waiting):
             flow = self._waiting.pop(flow_id)
             flow.cancel("the gateway is shutting down")
+            if flow.task is not None:
+                calls.append(flow.task)
+        return calls
 
 
 class ModernRelay:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -115,5 +117,25 @@ async def test_a_2026_client_may_answer_later_than_the_upstreams_timeout(tmp_pat
         status, done = await call(gw, token, 2, inputResponses={key: ALICE}, requestState=state)
         assert status == 200
         assert done["result"]["content"][0]["text"] == "Hello, Alice!"
+    finally:
+        await gw.kill()
+
+
+async def test_a_shutdown_with_a_flow_waiting_ends_its_call_before_the_state_store_closes(tmp_path: Path) -> None:
+    """The given-up call settles its charge in the state store: the store must still be open when it does."""
+    spec = {"transport": "stdio", "command": upstream_command("--conformance"), "protocol": "2025"}
+    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"c": spec}),
+                                                               "SATGATE_STATE_DIR": str(tmp_path / "state")})
+    gw.start()
+    try:
+        await gw.wait_ready()
+        status, first = await call(gw, await mint(gw, "left-waiting"), 1)
+        assert (status, first["result"]["resultType"]) == (200, "input_required")
+        assert gw.proc is not None
+        os.kill(gw.proc.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(gw.proc.wait, 20) == 0
+        log = gw.log_file.read_text()
+        assert "never retrieved" not in log
+        assert "is closed" not in log
     finally:
         await gw.kill()
