@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import structlog
 
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -424,3 +426,33 @@ async def test_resource_subscriptions_of_a_modern_upstream_become_its_listen_fil
     assert unsubscribed["result"] == {}
     assert modern_stdio.resource_subscriptions == []
     assert without_uri["error"]["code"] == -32602
+
+
+async def test_a_modern_childs_resource_updates_arrive_for_subscribed_uris_also_after_it_restarts() -> None:
+    updates: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_notification(method: str, params: JsonObj | None) -> None:
+        if method == "notifications/resources/updated":
+            await updates.put(str((params or {}).get("uri")))
+
+    upstream = _stdio("--modern-only")
+    await upstream.start(on_notification)
+    try:
+        assert await upstream.wait_ready(20)
+        await upstream.request("resources/subscribe", {"uri": "memo://m/readme"})
+        for uri in ("memo://m/elsewhere", "memo://m/readme"):
+            await upstream.request("tools/call", {"name": "stream_touch", "arguments": {"uri": uri}})
+        assert await asyncio.wait_for(updates.get(), 10) == "memo://m/readme"  # the unsubscribed one never came
+        with contextlib.suppress(UpstreamUnavailable):
+            await upstream.request("tools/call", {"name": "crash", "arguments": {}})
+        assert await upstream.wait_ready(20)
+        assert upstream.restarts == 1
+        async with asyncio.timeout(20):  # the restarted child was asked for the same URIs
+            while updates.empty():
+                await upstream.request("tools/call", {"name": "stream_touch", "arguments": {"uri": "memo://m/readme"}})
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await updates.put(await updates.get())
+        assert updates.get_nowait() == "memo://m/readme"
+    finally:
+        await upstream.close()
