@@ -11,6 +11,7 @@ Closing that stream cancels the call.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aiohttp import web
 
@@ -192,7 +193,13 @@ class ModernTransport:
                 if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
                     return await self._ask(flow, stream, streams, message)
         else:
+            copy_key = (holder, digest, json.dumps(message.id))
+            parked = self._flows.parked(copy_key)
+            if parked is not None and parked.pending:  # sent again while it waits for its client: ask again
+                parked.emit, parked.streaming = emit, streams
+                return await self._ask(parked, stream, streams, message)
             flow = self._start(principal, message, meta, emit, streams, None, holder=holder, digest=digest)
+            flow.copy_key = copy_key
         return await self._round(request, flow, stream, streams, message)
 
     def _start(self, principal: Principal, message: jsonrpc.Request, meta: dict[str, object], emit: Emit,

@@ -188,6 +188,8 @@ class Flow:
         self.admitted = asyncio.Event()
         #: The modern upstream whose ``input_required`` this call answers with (its state is sealed for the retry).
         self.carried_from: str | None = None
+        #: (holder, request digest, JSON-RPC id): what a copy of the request (the same one sent again) shares.
+        self.copy_key: tuple[str, str, str] | None = None
 
     def start(self, task: asyncio.Task[JsonObj]) -> None:
         self.task = task
@@ -244,6 +246,7 @@ class Flows:
         self._clock = clock
         self._ttl = ttl
         self._waiting: dict[str, Flow] = {}
+        self._copies: dict[tuple[str, str, str], Flow] = {}
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -253,6 +256,8 @@ class Flows:
         if flow.id not in self._waiting and len(self._waiting) >= MAX_FLOWS:
             raise StateRefused("too many calls are waiting for client input on this process")
         self._waiting[flow.id] = flow
+        if flow.copy_key is not None:
+            self._copies[flow.copy_key] = flow
         if flow.expiry is not None:
             flow.expiry.cancel()
         flow.expiry = asyncio.get_running_loop().call_later(self._ttl, self._expire, flow.id)
@@ -278,12 +283,22 @@ class Flows:
         return carried_resume(open_state(self._keys, state, holder=holder, digest=digest, now=self._clock()),
                               responses)
 
+    def parked(self, copy_key: tuple[str, str, str]) -> Flow | None:
+        """The waiting flow a request sent again (same token, request and id: its answer was lost) belongs to."""
+        return self._copies.get(copy_key)
+
+    def _forget(self, flow_id: str) -> Flow | None:
+        flow = self._waiting.pop(flow_id, None)
+        if flow is not None and flow.copy_key is not None and self._copies.get(flow.copy_key) is flow:
+            del self._copies[flow.copy_key]
+        return flow
+
     def done(self, flow: Flow) -> None:
-        if self._waiting.pop(flow.id, None) is not None and flow.expiry is not None:
+        if self._forget(flow.id) is not None and flow.expiry is not None:
             flow.expiry.cancel()
 
     def _expire(self, flow_id: str) -> None:
-        flow = self._waiting.pop(flow_id, None)
+        flow = self._forget(flow_id)
         if flow is not None:
             log.info("mrtr_flow_expired", flow=flow_id)
             flow.cancel("the client did not retry in time")
@@ -296,6 +311,7 @@ class Flows:
             flow.cancel("the gateway is shutting down")
             if flow.task is not None:
                 calls.append(flow.task)
+        self._copies.clear()
         return calls
 
 
