@@ -141,7 +141,7 @@ def create_app(
     owned.append(subscriptions.aclose)
 
     modern = ModernTransport(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
-    owned.append(modern.aclose)
+    owned.insert(0, modern.aclose)  # first: the calls of the flows it gives up settle in the state store
     replay = ReplayBook()
     StreamableHttpTransport(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay).add_routes(app)
 

@@ -54,6 +54,8 @@ UPSTREAM_UNAVAILABLE = -32010
 UPSTREAM_TIMEOUT = -32003
 RATE_LIMITED = -32004
 REQUEST_CANCELLED = -32800
+#: 2026-07-28: the call needs a client capability the client did not declare (``data.requiredCapabilities``).
+MISSING_CLIENT_CAPABILITY = -32021
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,16 @@ def expected_file(spec_version: str) -> Path:
     return EXPECTED_DIR / f"expected-gateway-failures-{spec_version}.yaml"
 
 
+def upstream_protocol(spec_version: str) -> str:
+    """The era the gateway speaks to the test upstream (which serves both) in a run at ``spec_version``.
+
+    At 2025-11-25 the handshake: those scenarios ask the client mid-call, log and subscribe, which only a
+    session has. At 2026-07-28 the stateless revision, as a client of it meets the upstream: its tools'
+    ``input_required`` (keys, ``requestState``, answers a call brings unasked) only exist in that era.
+    """
+    return "2025" if spec_version == SPEC_VERSION else "2026"
+
+
 def suite_args(spec_version: str) -> list[str]:
     """The runner's options selecting every server scenario of ``spec_version``, run at that version's wire."""
     return ["--spec-version", spec_version, "--suite", "all"]
@@ -267,10 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Checks] = {}
     with http_upstream(work / "upstream.log") as upstream:
         results[DIRECT] = run_suite(bin_dir, upstream.url, work / DIRECT, work / "direct.log", spec_version)
-        # The suite's server serves both revisions and its 2025 scenarios ask the client mid-call, log and
-        # subscribe: the gateway keeps it on the handshake, as before upstreams were discovered.
-        stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio"), "protocol": "2025"}
-        http: dict[str, Any] = {"transport": "http", "url": upstream.url, "protocol": "2025"}
+        protocol = upstream_protocol(spec_version)
+        stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio"), "protocol": protocol}
+        http: dict[str, Any] = {"transport": "http", "url": upstream.url, "protocol": protocol}
         for target, spec in zip(GATEWAY_TARGETS, (stdio, http), strict=True):
             with gateway(spec, work, work / f"{target}-serve.log") as gw:
                 results[target] = run_suite(bin_dir, gw.url, work / target, work / f"{target}.log", spec_version)

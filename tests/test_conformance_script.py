@@ -20,6 +20,7 @@ from scripts.conformance import (
     suite_args,
     table,
     unexpected,
+    upstream_protocol,
 )
 
 
@@ -107,6 +108,11 @@ def test_default_spec_version_keeps_its_file_and_runner_options() -> None:
 def test_other_spec_versions_get_their_own_file_and_wire() -> None:
     assert expected_file("2026-07-28") == EXPECTED_FILE.with_name("expected-gateway-failures-2026-07-28.yaml")
     assert suite_args("2026-07-28") == ["--spec-version", "2026-07-28", "--suite", "all"]
+
+
+def test_the_gateway_speaks_to_the_upstream_in_the_era_of_the_run() -> None:
+    assert upstream_protocol(SPEC_VERSION) == "2025"
+    assert upstream_protocol("2026-07-28") == "2026"
 
 
 @pytest.mark.parametrize("spec_version", SPEC_VERSIONS)

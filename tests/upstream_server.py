@@ -35,6 +35,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.message import ServerMessageMetadata
 
 JsonObj = dict[str, Any]
@@ -156,12 +157,17 @@ class StreamExtras:
 
 
 STREAM = StreamExtras()
+#: 2026-07-28 has no standing stream: ``--modern-only`` serves ``subscriptions/listen`` from this bus.
+BUS = InMemorySubscriptionBus()
 
 
 async def run_stream_tool(name: str, ctx: ServerRequestContext[Any], tool: str, args: JsonObj) -> JsonObj:
     """Each sends its notification outside the call (over HTTP: on the GET stream), as a server on its own would."""
     if tool == "stream_touch":
-        await ctx.session.send_resource_updated(str(args.get("uri", "")))
+        if ctx.protocol_version == "2026-07-28":  # to the listen streams whose filter names the URI
+            await BUS.publish(ResourceUpdated(str(args.get("uri", ""))))
+        else:
+            await ctx.session.send_resource_updated(str(args.get("uri", "")))
         return _text("touched")
     if tool == "stream_add_resources":
         start = len(STREAM.resources)
@@ -272,6 +278,10 @@ CONF_TOOLS: dict[str, JsonObj] = {
     "test_elicitation_sep1330_enums": _schema(),
     "test_reconnection": _schema(),
     "json_schema_2020_12_tool": CONF_SCHEMA_2020_12,
+    # The 2026-07-28 scenarios' diagnostic tools (server-stateless, input-required-result-*).
+    "test_logging_tool": _schema(),
+    "test_streaming_elicitation": _schema(),
+    "test_input_required_result_elicitation": _schema(),
 }
 
 CONF_ELICIT_USER: JsonObj = {
@@ -386,8 +396,54 @@ def conf_log_allowed(level: str, threshold: str) -> bool:
     return CONF_LOG_LEVELS.index(level) >= CONF_LOG_LEVELS.index(threshold)
 
 
-async def conf_run_tool(ctx: ServerRequestContext[Any], conf: ConformanceState, name: str, args: JsonObj) -> JsonObj:
+MODERN_REVISION = "2026-07-28"
+CONF_NAME_QUESTION: JsonObj = {
+    "message": "What is your name?",
+    "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+}
+
+
+def _as_dict(value: Any) -> Any:
+    return value.model_dump(by_alias=True, exclude_none=True) if hasattr(value, "model_dump") else value
+
+
+def conf_named(responses: Mapping[str, Any] | None, key: str) -> str | None:
+    """The name an accepted elicitation answer under ``key`` gives, else None (missing, declined, malformed)."""
+    answer = _as_dict((responses or {}).get(key))
+    if not isinstance(answer, dict) or answer.get("action") != "accept":
+        return None
+    content = answer.get("content")
+    name = content.get("name") if isinstance(content, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def conf_elicit_round(key: str, responses: Mapping[str, Any] | None) -> JsonObj:
+    """A 2026-07-28 round of the name question: ``input_required`` until ``responses[key]`` answers it.
+
+    Keys it did not ask for are ignored; a missing or wrong answer is asked for again (never an error).
+    """
+    name = conf_named(responses, key)
+    if name is None:
+        return {"resultType": "input_required",
+                "inputRequests": {key: {"method": "elicitation/create", "params": CONF_NAME_QUESTION}}}
+    return _text(f"Hello, {name}!")
+
+
+async def conf_elicit_name(ctx: ServerRequestContext[Any], key: str, params: types.CallToolRequestParams) -> JsonObj:
+    """The name question in the era of the call: a round of MRTR at 2026-07-28, a request to the client before."""
+    if ctx.protocol_version == MODERN_REVISION:
+        return conf_elicit_round(key, params.input_responses)
+    request = types.ElicitRequest.model_validate({"method": "elicitation/create", "params": CONF_NAME_QUESTION})
+    elicited = await ctx.session.send_request(request, types.ElicitResult,
+                                              metadata=ServerMessageMetadata(related_request_id=ctx.request_id))
+    name = conf_named({key: elicited}, key)
+    return _text(f"Hello, {name}!" if name is not None else f"No name given ({elicited.action})")
+
+
+async def conf_run_tool(ctx: ServerRequestContext[Any], conf: ConformanceState,
+                        params: types.CallToolRequestParams) -> JsonObj:
     """One conformance tool call; the result dict is what the scenario expects."""
+    name, args = params.name, params.arguments or {}
     related = ServerMessageMetadata(related_request_id=ctx.request_id)
     if name == "test_simple_text":
         return _text("This is a simple text response for testing.")
@@ -447,6 +503,16 @@ async def conf_run_tool(ctx: ServerRequestContext[Any], conf: ConformanceState, 
         return _text("Reconnection test finished")
     if name == "json_schema_2020_12_tool":
         return _text(json.dumps(args))
+    if name == "test_logging_tool":
+        # At 2026-07-28 the SDK sends these only when the request's _meta asked for a logLevel; a gateway must
+        # not send them either (it may have asked the upstream for every level on behalf of other clients).
+        for level in ("info", "warning"):
+            await ctx.session.send_log_message(level, f"test_logging_tool {level}", "conformance", ctx.request_id)
+        return _text("Logging tool finished")
+    if name == "test_streaming_elicitation":
+        return await conf_elicit_name(ctx, "confirm_name", params)
+    if name == "test_input_required_result_elicitation":
+        return await conf_elicit_name(ctx, "user_name", params)
     return {"content": [{"type": "text", "text": f"unknown tool {name}"}], "isError": True}
 
 
@@ -510,11 +576,14 @@ def build_server(state: State) -> Server[Any]:
             if found.get("resultType") == "input_required":
                 return types.InputRequiredResult.model_validate(found)
             return types.CallToolResult.model_validate(found)
-        return types.CallToolResult.model_validate(await run_tool(ctx, params))
+        found = await run_tool(ctx, params)
+        if found.get("resultType") == "input_required":
+            return types.InputRequiredResult.model_validate(found)
+        return types.CallToolResult.model_validate(found)
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
         if state.conformance is not None and params.name in CONF_TOOLS:
-            return await conf_run_tool(ctx, state.conformance, params.name, params.arguments or {})
+            return await conf_run_tool(ctx, state.conformance, params)
         if params.name not in state.tools:
             return {"content": [{"type": "text", "text": f"unknown tool {params.name}"}], "isError": True}
         tool = params.name.removeprefix(state.prefix)
@@ -660,6 +729,7 @@ def build_server(state: State) -> Server[Any]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         on_set_logging_level=set_level,
+        on_subscriptions_listen=ListenHandler(BUS) if state.modern_only else None,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     return server
@@ -743,7 +813,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
     parser.add_argument("--modern-only", action="store_true",
-                        help="speak 2026-07-28 only (no initialize) and add the mrtr_ask tool")
+                        help="speak 2026-07-28 only (no initialize), serve subscriptions/listen, add the mrtr_ask tool")
     return parser.parse_args(argv)
 
 

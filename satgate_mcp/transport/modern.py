@@ -11,6 +11,7 @@ Closing that stream cancels the call.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aiohttp import web
 
@@ -28,10 +29,13 @@ from satgate_mcp.transport.relay import Emit
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.transport.stream import SHUTTING_DOWN
 from satgate_mcp.upstream.base import Resume
+from satgate_mcp.upstream.wire import without_input_fields
 
 #: How often a running call looks whether its client hung up (aiohttp offers no awaitable for it).
 DISCONNECT_POLL_SECONDS = 0.25
 KEEPALIVE_SECONDS = 15.0
+#: How long shutdown waits for the given-up flows' calls to end (an upstream told to cancel usually answers at once).
+CLOSE_WAIT_SECONDS = 5.0
 
 
 class ModernTransport:
@@ -43,8 +47,11 @@ class ModernTransport:
         self._flows = flows if flows is not None else mrtr.Flows([])
 
     async def aclose(self) -> None:
-        """At shutdown: calls still waiting for a client's input are given up."""
-        self._flows.close()
+        """At shutdown: calls still waiting for a client's input are given up, and have ended (each settles its
+        charge in the state store, which closes after this) when this returns."""
+        calls = self._flows.close()
+        if calls:
+            await asyncio.wait(calls, timeout=CLOSE_WAIT_SECONDS)
 
     async def _listen(self, request: web.Request, principal: Principal, message: jsonrpc.Request) -> web.StreamResponse:
         """Acknowledge what will be sent, then send only that until the client leaves or the process stops."""
@@ -151,6 +158,8 @@ class ModernTransport:
         """One round of the call: a new call, or the retry of one waiting for its client's input (MRTR).
 
         A retry whose state carries a modern upstream's runs the call anew there; one naming a flow answers it.
+        ``inputResponses`` without a ``requestState`` continue nothing: the call is a new one, and the answers go
+        to a modern upstream as given (it may use those it recognises and ask again for the rest).
         """
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
@@ -165,6 +174,10 @@ class ModernTransport:
             if message.method not in mrtr.MRTR_METHODS:
                 return refusal_answer(_state_refused(f"{message.method} takes no inputResponses or requestState"),
                                       message.id)
+            if "inputResponses" in params and not isinstance(params["inputResponses"], dict):
+                return refusal_answer(_state_refused("inputResponses must be an object of answers by key"),
+                                      message.id)
+        if "requestState" in params:
             try:
                 resume = self._flows.carried(params.get("requestState"), params.get("inputResponses"),
                                              holder=holder, digest=digest)
@@ -180,7 +193,13 @@ class ModernTransport:
                 if flow.answer(params.get("inputResponses")):  # something asked is still unanswered: ask again
                     return await self._ask(flow, stream, streams, message)
         else:
+            copy_key = (holder, digest, json.dumps(message.id))
+            parked = self._flows.parked(copy_key)
+            if parked is not None and parked.pending:  # sent again while it waits for its client: ask again
+                parked.emit, parked.streaming = emit, streams
+                return await self._ask(parked, stream, streams, message)
             flow = self._start(principal, message, meta, emit, streams, None, holder=holder, digest=digest)
+            flow.copy_key = copy_key
         return await self._round(request, flow, stream, streams, message)
 
     def _start(self, principal: Principal, message: jsonrpc.Request, meta: dict[str, object], emit: Emit,
@@ -193,8 +212,8 @@ class ModernTransport:
         flow.streaming = streams
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = modern_rules.without_protocol_meta(message.params)
-        if params is not None and resume is not None:
-            params = {k: v for k, v in params.items() if k not in ("inputResponses", "requestState")}
+        if resume is not None:
+            params = without_input_fields(params)
         call = jsonrpc.Request(message.id, message.method, params)
         flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
         return flow
@@ -268,11 +287,12 @@ class ModernTransport:
         return await stream.finish(reply)
 
 
-def _lacks(capability: str) -> Refusal:
+def _lacks(required: JsonObj) -> Refusal:
+    names = ", ".join(repr(c) for c in sorted(required))
     return modern_rules.modern_error(
         400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
-        f"This call needs the client capability {capability!r}, which the request did not declare",
-        {"requiredCapabilities": {capability: {}}})
+        f"This call needs the client capability {names}, which the request did not declare",
+        {"requiredCapabilities": required})
 
 
 def _state_refused(why: str) -> Refusal:

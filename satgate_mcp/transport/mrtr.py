@@ -38,7 +38,7 @@ import structlog
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.transport.relay import NEEDS_CAPABILITY, Emit, log_message_passes, refused
+from satgate_mcp.transport.relay import Emit, log_message_passes, refused, required_capability
 from satgate_mcp.upstream.base import Resume
 
 #: How long a flow waits for its client's retry before the upstream call is given up.
@@ -162,7 +162,8 @@ class Outcome:
 
     reply: JsonObj | None = None
     asks: list[Ask] = field(default_factory=list)
-    missing_capability: str | None = None
+    #: The client capabilities (``ClientCapabilities`` shape) the call needs and the client did not declare.
+    missing_capability: JsonObj | None = None
 
 
 class Flow:
@@ -187,6 +188,8 @@ class Flow:
         self.admitted = asyncio.Event()
         #: The modern upstream whose ``input_required`` this call answers with (its state is sealed for the retry).
         self.carried_from: str | None = None
+        #: (holder, request digest, JSON-RPC id): what a copy of the request (the same one sent again) shares.
+        self.copy_key: tuple[str, str, str] | None = None
 
     def start(self, task: asyncio.Task[JsonObj]) -> None:
         self.task = task
@@ -206,9 +209,9 @@ class Flow:
 
     def ask(self, method: str, params: JsonObj | None) -> Ask | None:
         """An upstream request for this call's client: queued for the client, or None when it lacks the capability."""
-        capability = NEEDS_CAPABILITY.get(method)
-        if capability is not None and capability not in self.capabilities:
-            self._outcomes.put_nowait(Outcome(missing_capability=capability))
+        lacking = required_capability(method, params, self.capabilities)
+        if lacking is not None:
+            self._outcomes.put_nowait(Outcome(missing_capability=lacking))
             return None
         self._keys += 1
         ask = Ask(f"{method.split('/')[0]}-{self._keys}", method, params)
@@ -243,6 +246,7 @@ class Flows:
         self._clock = clock
         self._ttl = ttl
         self._waiting: dict[str, Flow] = {}
+        self._copies: dict[tuple[str, str, str], Flow] = {}
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -252,6 +256,8 @@ class Flows:
         if flow.id not in self._waiting and len(self._waiting) >= MAX_FLOWS:
             raise StateRefused("too many calls are waiting for client input on this process")
         self._waiting[flow.id] = flow
+        if flow.copy_key is not None:
+            self._copies[flow.copy_key] = flow
         if flow.expiry is not None:
             flow.expiry.cancel()
         flow.expiry = asyncio.get_running_loop().call_later(self._ttl, self._expire, flow.id)
@@ -277,20 +283,36 @@ class Flows:
         return carried_resume(open_state(self._keys, state, holder=holder, digest=digest, now=self._clock()),
                               responses)
 
+    def parked(self, copy_key: tuple[str, str, str]) -> Flow | None:
+        """The waiting flow a request sent again (same token, request and id: its answer was lost) belongs to."""
+        return self._copies.get(copy_key)
+
+    def _forget(self, flow_id: str) -> Flow | None:
+        flow = self._waiting.pop(flow_id, None)
+        if flow is not None and flow.copy_key is not None and self._copies.get(flow.copy_key) is flow:
+            del self._copies[flow.copy_key]
+        return flow
+
     def done(self, flow: Flow) -> None:
-        if self._waiting.pop(flow.id, None) is not None and flow.expiry is not None:
+        if self._forget(flow.id) is not None and flow.expiry is not None:
             flow.expiry.cancel()
 
     def _expire(self, flow_id: str) -> None:
-        flow = self._waiting.pop(flow_id, None)
+        flow = self._forget(flow_id)
         if flow is not None:
             log.info("mrtr_flow_expired", flow=flow_id)
             flow.cancel("the client did not retry in time")
 
-    def close(self) -> None:
+    def close(self) -> list[asyncio.Task[JsonObj]]:
+        """Give up every waiting flow; returns their calls, cancelled, for the caller to await."""
+        calls = []
         for flow_id in list(self._waiting):
             flow = self._waiting.pop(flow_id)
             flow.cancel("the gateway is shutting down")
+            if flow.task is not None:
+                calls.append(flow.task)
+        self._copies.clear()
+        return calls
 
 
 class ModernRelay:
@@ -323,6 +345,12 @@ class ModernRelay:
             return  # a modern request gets log messages only when its _meta asks for a level
         await self._flow.emit(jsonrpc.notification_message(method, params))
 
+    def log_level(self) -> str | None:
+        return self._flow.log_level
+
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return required_capability(method, params, self._flow.capabilities)
+
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         ask = self._flow.ask(method, params)
         if ask is None:
@@ -337,15 +365,18 @@ class ModernRelay:
         return None
 
 
-def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> str | None:
-    """The first capability a modern upstream's ``inputRequests`` need that the client did not declare."""
+def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> JsonObj | None:
+    """The client capabilities a modern upstream's ``inputRequests`` need that the client did not declare."""
     asked = result.get("inputRequests")
+    required: JsonObj = {}
     for request in (asked.values() if isinstance(asked, dict) else ()):
         method = request.get("method") if isinstance(request, dict) else None
-        needed = NEEDS_CAPABILITY.get(method) if isinstance(method, str) else None
-        if needed is not None and needed not in capabilities:
-            return needed
-    return None
+        params = request.get("params") if isinstance(request, dict) else None
+        if isinstance(method, str):
+            for capability, detail in (required_capability(
+                    method, params if isinstance(params, dict) else None, capabilities) or {}).items():
+                required[capability] = {**required.get(capability, {}), **detail}
+    return required or None
 
 
 def carried_result(result: JsonObj, state: str) -> JsonObj:

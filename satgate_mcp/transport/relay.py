@@ -73,6 +73,27 @@ def ask_refusal(method: str, params: JsonObj | None, *, streaming: bool,
     return None
 
 
+def required_capability(method: str, params: JsonObj | None,
+                        capabilities: dict[str, object] | None) -> JsonObj | None:
+    """The client capabilities (``ClientCapabilities`` shape) ``method`` needs and ``capabilities`` lack, or None.
+
+    None too when the capabilities are unknown (a resumed session): the client's own answer then decides.
+    """
+    needed = NEEDS_CAPABILITY.get(method)
+    if capabilities is None or needed is None:
+        return None
+    offered = capabilities.get(needed)
+    if not isinstance(offered, dict):
+        mode = (params or {}).get("mode") if method == "elicitation/create" else None
+        return {needed: {mode: {}} if mode == "url" else {}}
+    if method == "elicitation/create":
+        mode = (params or {}).get("mode", "form")
+        modes = {m for m in ("form", "url") if m in offered} or {"form"}  # plain ``elicitation: {}`` is form only
+        if mode not in modes and isinstance(mode, str):
+            return {needed: {mode: {}}}
+    return None
+
+
 @dataclass(slots=True)
 class _Ask:
     session_id: str
@@ -161,6 +182,12 @@ class CallRelay:
         if method == "notifications/message" and not log_message_passes(params, self._log_level()):
             return
         await self._emit(jsonrpc.notification_message(method, params))
+
+    def log_level(self) -> str | None:
+        return self._log_level()
+
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return required_capability(method, params, self._capabilities())
 
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         why = ask_refusal(method, params, streaming=self._streaming, capabilities=self._capabilities())

@@ -68,6 +68,16 @@ class Relay(Protocol):
         """Relay an upstream's request to the client; the client's response message (result or error), never raises."""
         ...
 
+    def log_level(self) -> str | None:
+        """The least severe log level the call's client wants, None for none set: a 2026-07-28 upstream gets it in
+        the request's ``_meta`` (it sends log messages only when asked, at that level and above)."""
+        ...
+
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        """The client capabilities this request needs that the call's client did not declare (None: it did, or
+        they are not known), asked before anything is put to the client."""
+        ...
+
 
 @runtime_checkable
 class Pausable(Protocol):

@@ -25,6 +25,7 @@ from satgate_mcp.upstream.base import InputCarrier, ProgressCallback, Relay, eve
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     MAX_INPUT_ROUNDS,
+    SUBSCRIPTION_METHODS,
     RestartPolicy,
     cancelled_params,
     clip,
@@ -32,6 +33,7 @@ from satgate_mcp.upstream.wire import (
     retry_params,
     split_batch,
     with_modern_meta,
+    without_input_fields,
 )
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
@@ -73,6 +75,15 @@ def moved_on_refusal(asked: str, here: str) -> JsonObj:
                                   {"error": "request_state_refused"})
 
 
+def missing_capability_reply(upstream: str, required: JsonObj) -> JsonObj:
+    """The call's error when a modern upstream asks for input the calling client did not declare it can give."""
+    names = ", ".join(sorted(required))
+    return jsonrpc.error_response(None, jsonrpc.MISSING_CLIENT_CAPABILITY,
+                                  f"This call needs the client capability {names}, which the client did not declare "
+                                  f"(upstream {upstream!r} asked for it)",
+                                  {"error": "missing_client_capability", "requiredCapabilities": required})
+
+
 def input_refusal(upstream: str, why: str) -> JsonObj:
     return jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,
                                   f"upstream {upstream!r} asked for client input the gateway cannot give: {why}",
@@ -109,6 +120,8 @@ class UpstreamConnection(Generic[SpecT]):
         self._init_result: JsonObj | None = None
         #: Whether the upstream speaks 2026-07-28 (found by ``server/discover``): no session, ``_meta`` on each request.
         self._modern = False
+        #: A modern upstream's subscribed URIs (the pool's subscriptions, reference-counted there): its listen filter.
+        self._resource_subscriptions: set[str] = set()
 
     @property
     def modern(self) -> bool:
@@ -139,9 +152,13 @@ class UpstreamConnection(Generic[SpecT]):
         resume = carrier.resume if carrier is not None else None
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
+        if self._modern and method in SUBSCRIPTION_METHODS:
+            return await self._listen_for(params, subscribe=SUBSCRIPTION_METHODS[method])
         if not self._modern:
+            if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
+                params = without_input_fields(params)
             return await self._request(method, params, budget, on_progress)
-        params = with_modern_meta(params)
+        params = with_modern_meta(params, on_progress.log_level() if isinstance(on_progress, Relay) else None)
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
         reply = await self._request(method, params, budget, on_progress)
@@ -162,24 +179,61 @@ class UpstreamConnection(Generic[SpecT]):
         return reply if not is_input_required(reply) else input_refusal(
             self.name, f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
 
+    @property
+    def resource_subscriptions(self) -> list[str]:
+        return sorted(self._resource_subscriptions)
+
+    async def _listen_for(self, params: JsonObj | None, *, subscribe: bool) -> JsonObj:
+        """``resources/(un)subscribe`` for a 2026-07-28 upstream, which has neither: the URI joins (or leaves) the
+        filter of its ``subscriptions/listen`` stream, reopened with the new filter."""
+        uri = (params or {}).get("uri")
+        if not isinstance(uri, str) or not uri:
+            return jsonrpc.error_response(None, jsonrpc.INVALID_PARAMS, "Invalid params: a uri is required",
+                                          {"error": "invalid_params"})
+        resources = ((self._init_result or {}).get("capabilities") or {}).get("resources")
+        if subscribe and not (isinstance(resources, dict) and resources.get("subscribe")):
+            return jsonrpc.error_response(None, jsonrpc.METHOD_NOT_FOUND,
+                                          f"upstream {self.name!r} offers no resource subscriptions",
+                                          {"error": "not_offered", "upstream": self.name})
+        if (uri in self._resource_subscriptions) != subscribe:
+            if subscribe:
+                self._resource_subscriptions.add(uri)
+            else:
+                self._resource_subscriptions.discard(uri)
+            await self._relisten()
+        return jsonrpc.result_response(None, {})
+
+    async def _relisten(self) -> None:
+        """Open the modern upstream's listen stream again with the current filter (its filter is fixed per stream)."""
+        return None
+
     async def _ask_client(self, relay: Relay, result: JsonObj) -> JsonObj:
         """Put each of a modern upstream's ``inputRequests`` to the 2025 client as a real request.
 
         ``{"result": inputResponses}``, or the first refusal or error the client gave, as the call's error.
         """
         asked = result.get("inputRequests")
-        answers: JsonObj = {}
+        requests: list[tuple[str, str, JsonObj | None]] = []
         for key, request in (asked.items() if isinstance(asked, dict) else ()):
             if not isinstance(request, dict) or not isinstance(request.get("method"), str):
                 return input_refusal(self.name, f"its inputRequests[{key!r}] is not a request")
             params = request.get("params")
-            answer = await relay.ask(request["method"], params if isinstance(params, dict) else None,
-                                     self._spec.timeout)
+            requests.append((str(key), request["method"], params if isinstance(params, dict) else None))
+        # Nothing is put to the client before it is known that it can answer every question.
+        required: JsonObj = {}
+        for _, method, params in requests:
+            for capability, detail in (relay.lacks(method, params) or {}).items():
+                required[capability] = {**required.get(capability, {}), **detail}
+        if required:
+            return missing_capability_reply(self.name, required)
+        answers: JsonObj = {}
+        for key, method, params in requests:
+            answer = await relay.ask(method, params, self._spec.timeout)
             if "error" in answer:
                 return jsonrpc.with_id({k: v for k, v in answer.items() if k != "result"}, None)
             if not isinstance(answer.get("result"), dict):
                 return input_refusal(self.name, "the client's answer has no result")
-            answers[str(key)] = answer["result"]
+            answers[key] = answer["result"]
         return {"result": answers}
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,

@@ -132,7 +132,8 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         message = jsonrpc.request_message(upstream_id, method, params)
         sent = False
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(budget) as clock:
+                self._inbox.time_route(route, clock, budget)
                 try:
                     await self._ensure_ready()
                 except UpstreamUnavailable as exc:
@@ -442,10 +443,21 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         http = self._http
 
         def open_stream() -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
-            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen", listen_params())
+            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen",
+                                              listen_params(self._resource_subscriptions))
             return http.post(self._spec.url, data=encode_message(message), headers=self._headers(message))
 
         await self._follow_stream(open_stream, lambda: self._modern, renew=None, missing_level="info")
+
+    async def _relisten(self) -> None:
+        """A new stream with the new filter, then the old one closed: an update may come twice, never not at all.
+
+        Not ready yet: the stream opened when it is has the current filter."""
+        if not (self._modern and self._listen_enabled and self._ready.is_set()):
+            return
+        old, self._listener = self._listener, asyncio.create_task(self._listen_modern())
+        if old is not None:
+            old.cancel()
 
     async def _follow_stream(self, open_stream: Callable[[], AbstractAsyncContextManager[aiohttp.ClientResponse]],
                              still_wanted: Callable[[], bool], *, renew: str | None, missing_level: str) -> None:

@@ -15,6 +15,7 @@ dropped, counted and logged once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.upstream.base import UPSTREAM_READY, NotificationCallback, Pausable, ProgressCallback, Relay
 from satgate_mcp.upstream.wire import (
+    LISTEN_ACKNOWLEDGED,
     is_pool_notification,
     restore_progress_token,
     rewrite_progress_token,
@@ -43,10 +45,31 @@ class _Route:
     caller_token: Any
     callback: ProgressCallback | None
     last: asyncio.Task[None] | None = None
+    #: The call's upstream timeout (``time_route``), held while its client is being asked.
+    clock: asyncio.Timeout | None = None
+    budget: float = 0.0
+    asking: int = 0
 
     @property
     def relay(self) -> Relay | None:
         return self.callback if isinstance(self.callback, Relay) else None
+
+    def hold(self) -> None:
+        """A question went to the call's client: the upstream's time stops until it is answered."""
+        self.asking += 1
+        if self.asking == 1:
+            self._reschedule(None)
+
+    def restart(self) -> None:
+        """The client answered (or was given up on): the upstream has its whole budget again for this round."""
+        self.asking -= 1
+        if self.asking == 0:
+            self._reschedule(asyncio.get_running_loop().time() + self.budget)
+
+    def _reschedule(self, when: float | None) -> None:
+        if self.clock is not None and not self.clock.expired():
+            with contextlib.suppress(RuntimeError):  # the call already left its timeout block
+                self.clock.reschedule(when)
 
 
 def _id_key(request_id: object) -> object:
@@ -108,14 +131,24 @@ class Inbox:
             self._routes[token] = _Route(caller, on_progress)
         return new_params, token
 
-    def _attribute(self, route_key: str | None) -> Relay | None:
+    def time_route(self, token: str, clock: asyncio.Timeout, budget: float) -> None:
+        """The call's upstream timeout: it stops while the call's client is being asked and restarts with the whole
+        ``budget`` once it answered, so each round of questions (multi round-trip requests) is bounded on its own
+        and the client's time to answer is not the upstream's."""
+        route = self._routes.get(token)
+        if route is not None:
+            route.clock, route.budget = clock, budget
+
+    def _attribute(self, route_key: str | None) -> _Route | None:
         """The call something belongs to: the one whose response carried it, else (shared pipe) the sole session's."""
         if route_key is not None:
             route = self._routes.get(route_key)
-            return route.relay if route is not None else None
+            return route if route is not None and route.relay is not None else None
         if not self._shared_pipe:
             return None
-        return owning_relay([r.relay for r in self._routes.values()], exclusive=self._isolation == "session")
+        routes = list(self._routes.values())
+        relay = owning_relay([r.relay for r in routes], exclusive=self._isolation == "session")
+        return None if relay is None else next(r for r in routes if r.relay is relay)
 
     def _unattributed(self, kind: str, method: str) -> None:
         if self._metrics is not None:
@@ -152,15 +185,15 @@ class Inbox:
             if message.method == "ping":
                 self.spawn(self._guard(self._reply(jsonrpc.result_response(message.id, {})), "answer to ping"))
                 return
-            relay = self._attribute(route_key)
-            if relay is None:
+            route = self._attribute(route_key)
+            if route is None:
                 self._unattributed("request", message.method)
                 refusal = unattributed_refusal(message, self._name, shared_pipe=self._shared_pipe,
                                                isolation=self._isolation)
                 self.spawn(self._guard(self._reply(refusal), f"refusal of {message.method}"))
                 return
             key = _id_key(message.id)
-            task = self._asking[key] = self.spawn(self._relay_request(message, relay))
+            task = self._asking[key] = self.spawn(self._relay_request(message, route))
             task.add_done_callback(lambda done: self._asking.pop(key, None) if self._asking.get(key) is done else None)
         elif message.method == "notifications/progress":
             self._progress(message.params or {})
@@ -169,14 +202,16 @@ class Inbox:
             asking = self._asking.pop(_id_key((message.params or {}).get("requestId")), None)
             if asking is not None:
                 asking.cancel()
+        elif message.method == LISTEN_ACKNOWLEDGED:
+            return  # the upstream acknowledges the gateway's own listen stream: no client's business
         elif is_pool_notification(message.method):
             self.notify(message.method, message.params)
         else:
-            relay = self._attribute(route_key)
-            if relay is None:
+            route = self._attribute(route_key)
+            if route is None or route.relay is None:
                 self._unattributed("notification", message.method)
                 return
-            self.spawn(self._guard(relay.notify(message.method, message.params), f"relay of {message.method}"))
+            self.spawn(self._guard(route.relay.notify(message.method, message.params), f"relay of {message.method}"))
 
     def notify(self, method: str, params: JsonObj | None) -> None:
         callback = self.on_notification
@@ -209,8 +244,11 @@ class Inbox:
 
         route.last = self.spawn(deliver())
 
-    async def _relay_request(self, request: jsonrpc.Request, relay: Relay) -> None:
+    async def _relay_request(self, request: jsonrpc.Request, route: _Route) -> None:
         """The client's answer goes back under the upstream's own id; a failure to relay is an error answer."""
+        relay = route.relay
+        assert relay is not None
+        route.hold()
         try:
             answer = await relay.ask(request.method, request.params, self._ask_timeout)
         except asyncio.CancelledError:
@@ -219,6 +257,8 @@ class Inbox:
             self._log.warning("upstream_request_relay_failed", method=request.method, error=repr(exc))
             answer = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,
                                             f"the gateway could not relay {request.method}")
+        finally:
+            route.restart()
         await self._guard(self._reply(jsonrpc.with_id(answer, request.id)), f"answer to {request.method}")
 
     async def _guard(self, awaitable: Awaitable[object], what: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
+    cancelled_params,
     check_initialize_result,
     child_env,
     clip,
@@ -38,7 +40,7 @@ from satgate_mcp.upstream.wire import (
     restart_plan,
 )
 
-#: The id of the one ``subscriptions/listen`` request a modern child answers only when it ends (never reused).
+#: The ids of the ``subscriptions/listen`` requests a modern child answers only when they end (never reused).
 LISTEN_ID = "satgate-listen"
 #: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
 LINE_LIMIT = 32 * 1024 * 1024
@@ -73,6 +75,9 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         #: Set once a child showed it is a 2025 one by dying or staying silent on ``server/discover``.
         self._skip_discover = False
         self.restarts = 0
+        #: The open listen request of a modern child: a new filter replaces it (new id, the old one cancelled).
+        self._listens = itertools.count(1)
+        self._listen_id: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -200,11 +205,28 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
                     check_initialize_result(reply)  # raises, naming the handshake's refusal
         if discovered is not None:
             self._modern, self._init_result = True, discovered
-            await self._write(jsonrpc.request_message(LISTEN_ID, "subscriptions/listen", listen_params()))
+            self._listen_id = f"{LISTEN_ID}-{next(self._listens)}"
+            await self._write(jsonrpc.request_message(self._listen_id, "subscriptions/listen",
+                                                      listen_params(self._resource_subscriptions)))
             return
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result
+
+    async def _relisten(self) -> None:
+        """The new filter's listen request first, then the old one cancelled: an update may come twice, never not
+        at all. A child that is not up gets the current filter when it starts."""
+        old = self._listen_id
+        if not (self._modern and self._ready.is_set()) or old is None:
+            return
+        self._listen_id = f"{LISTEN_ID}-{next(self._listens)}"
+        try:
+            await self._write(jsonrpc.request_message(self._listen_id, "subscriptions/listen",
+                                                      listen_params(self._resource_subscriptions)))
+            await self._write(jsonrpc.notification_message("notifications/cancelled",
+                                                           cancelled_params(old, "listen filter changed")))
+        except UpstreamUnavailable as exc:
+            self._log.info("upstream_relisten_failed", error=exc.message)
 
     async def _discover(self) -> JsonObj | None:
         """The modern result, or None for a 2025 child; a child that dies or stays silent is not asked again.
@@ -260,7 +282,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._pending[upstream_id] = reply
         sent = False
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as clock:
+                self._inbox.time_route(route, clock, timeout)
                 await self._write(jsonrpc.request_message(upstream_id, method, params))
                 sent = True
                 answer = await reply

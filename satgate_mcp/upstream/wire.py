@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
 #: What a modern upstream may ask the gateway for (``inputRequests``): it bridges each to the caller's client.
 MODERN_CLIENT_CAPABILITIES: JsonObj = {"elicitation": {}, "sampling": {}, "roots": {}}
 #: Methods whose HTTP request names its target in ``Mcp-Name`` (the param that holds it).
@@ -83,11 +84,13 @@ def modern_meta() -> JsonObj:
             META_CLIENT_INFO: {"name": SERVER_NAME, "version": __version__}}
 
 
-def with_modern_meta(params: JsonObj | None) -> JsonObj:
-    """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept)."""
+def with_modern_meta(params: JsonObj | None, log_level: str | None = None) -> JsonObj:
+    """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept), and the
+    caller's log level when it wants log messages (a modern upstream sends none otherwise)."""
     params = params or {}
     meta = params.get("_meta")
-    return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **modern_meta()}}
+    added = {**modern_meta(), META_LOG_LEVEL: log_level} if log_level is not None else modern_meta()
+    return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **added}}
 
 
 def discover_params() -> JsonObj:
@@ -102,10 +105,20 @@ def discover_timeout(call_timeout: float) -> float:
     return min(call_timeout, DISCOVER_TIMEOUT) if call_timeout > 0 else DISCOVER_TIMEOUT
 
 
-def listen_params() -> JsonObj:
-    """Every list change a modern upstream can announce: the pool re-lists on each, as on 2025 notifications."""
-    return with_modern_meta({"notifications": {"toolsListChanged": True, "promptsListChanged": True,
-                                               "resourcesListChanged": True}})
+#: The first message on a ``subscriptions/listen`` stream: for the gateway that opened it, no client's business.
+LISTEN_ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+#: What 2026-07-28 removed: a modern upstream's resource subscriptions are the URIs of its listen stream instead.
+SUBSCRIPTION_METHODS = {"resources/subscribe": True, "resources/unsubscribe": False}
+
+
+def listen_params(uris: Iterable[str] = ()) -> JsonObj:
+    """Every list change a modern upstream can announce (the pool re-lists on each, as on 2025 notifications) and
+    the updates of ``uris``: the resources some client of the gateway is subscribed to on that upstream."""
+    notifications: JsonObj = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
+    subscribed = sorted(set(uris))
+    if subscribed:
+        notifications["resourceSubscriptions"] = subscribed
+    return with_modern_meta({"notifications": notifications})
 
 
 def modern_headers(message: JsonObj) -> dict[str, str]:
@@ -149,9 +162,19 @@ def is_input_required(reply: JsonObj) -> bool:
     return isinstance(result, dict) and result.get("resultType") == "input_required"
 
 
+#: The params of a 2026-07-28 retry that are not part of the request itself.
+INPUT_FIELDS = ("inputResponses", "requestState")
+
+
+def without_input_fields(params: JsonObj | None) -> JsonObj | None:
+    if params is None or not any(k in params for k in INPUT_FIELDS):
+        return params
+    return {k: v for k, v in params.items() if k not in INPUT_FIELDS}
+
+
 def retry_params(params: JsonObj | None, responses: JsonObj, state: object) -> JsonObj:
     """The params of an ``input_required`` retry: the original ones, the answers, the state echoed."""
-    out = {k: v for k, v in (params or {}).items() if k not in ("inputResponses", "requestState")}
+    out = dict(without_input_fields(params) or {})
     if responses:
         out["inputResponses"] = responses
     if state is not None:

@@ -24,6 +24,7 @@ import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
@@ -60,12 +61,14 @@ async def elicit(context: Any, params: types.ElicitRequestParams) -> types.Elici
 
 
 @contextlib.asynccontextmanager
-async def legacy_client(gw: GatewayProcess, token: str) -> AsyncIterator[ClientSession]:
-    """A 2025 SDK session that answers elicitations (the gateway relays them on the call's POST stream)."""
+async def legacy_client(gw: GatewayProcess, token: str, *, elicits: bool = True) -> AsyncIterator[ClientSession]:
+    """A 2025 SDK session that answers elicitations (the gateway relays them on the call's POST stream);
+    ``elicits=False``: one that declares no elicitation capability."""
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
                               timeout=httpx2.Timeout(CALL_TIMEOUT))
+    callbacks: dict[str, Any] = {"elicitation_callback": elicit} if elicits else {}
     async with (http, streamable_http_client(f"{gw.url}/mcp", http_client=http) as (read, write),
-                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, elicitation_callback=elicit) as session):
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, **callbacks) as session):
         await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
         yield session
 
@@ -86,6 +89,110 @@ async def test_a_2025_client_lists_calls_and_answers_the_modern_upstreams_elicit
     assert asked == {"action": "accept", "content": {"answer": "re: colour?"}}
     lines = [json.loads(line) for line in gateway.log_file.read_text().splitlines() if line.startswith("{")]
     assert any(line.get("event") == "upstream_ready" and line.get("upstream") == "m" for line in lines)
+
+
+async def test_a_2025_client_without_elicitation_gets_minus_32021_naming_the_capability(
+        gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "plain-legacy")
+    async with legacy_client(gateway, token, elicits=False) as session:
+        with pytest.raises(MCPError) as refused:
+            await asyncio.wait_for(session.call_tool("mrtr_ask", {"question": "colour?"}), CALL_TIMEOUT)
+        echoed = await asyncio.wait_for(session.call_tool("echo", {"text": "still here"}), CALL_TIMEOUT)
+    assert refused.value.error.code == -32021
+    assert refused.value.error.data["requiredCapabilities"] == {"elicitation": {}}
+    assert isinstance(echoed.content[0], types.TextContent)
+    assert echoed.content[0].text == "still here"
+
+
+async def test_a_2025_sessions_log_level_reaches_the_modern_upstream_with_each_call(gateway: GatewayProcess) -> None:
+    """A 2026 upstream has no logging/setLevel: the session's level travels in each request's ``_meta``."""
+    token = await mint(gateway, "logs-legacy")
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(params.level)
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    async with (http, streamable_http_client(f"{gateway.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, logging_callback=on_log) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        await asyncio.wait_for(session.call_tool("relay_log", {"tag": "unset"}), CALL_TIMEOUT)
+        assert heard == []  # no level set: a 2026 upstream sends nothing (its revision's default)
+        await asyncio.wait_for(session.set_logging_level("warning"), CALL_TIMEOUT)
+        await asyncio.wait_for(session.call_tool("relay_log", {"tag": "set"}), CALL_TIMEOUT)
+    assert heard == ["warning", "error"]
+
+
+async def test_a_2026_clients_log_level_reaches_the_modern_upstream(gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "logs-modern")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "_meta": {**META, "io.modelcontextprotocol/logLevel": "error"}, "name": "relay_log", "arguments": {}}}
+    answer = await _post(gateway, token, body)
+    events = [json.loads(line[5:]) for line in answer.text.splitlines() if line.startswith("data:")]
+    levels = [e["params"]["level"] for e in events if e.get("method") == "notifications/message"]
+    assert levels == ["error"]
+    assert events[-1]["result"]["content"][0]["text"] == "logged"
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_a_2025_sessions_resource_subscription_reaches_the_modern_upstream_as_its_listen_filter(
+        gateway: GatewayProcess) -> None:
+    """2026-07-28 has no resources/subscribe: the gateway asks the upstream's listen stream for the URI instead,
+    and the upstream's updates of it (only of it) reach the subscribed session."""
+    token = await mint(gateway, "subscriber")
+    updates: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await updates.put(str(message.params.uri))
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, trust_env=False,
+                              timeout=httpx2.Timeout(CALL_TIMEOUT))
+    async with (http, streamable_http_client(f"{gateway.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT, message_handler=on_message) as session):
+        await asyncio.wait_for(session.initialize(), CALL_TIMEOUT)
+        await asyncio.wait_for(session.subscribe_resource("memo://m/readme"), CALL_TIMEOUT)
+        async with asyncio.timeout(CALL_TIMEOUT):
+            while updates.empty():  # the session's GET stream opens on its own after initialize: touch until it hears
+                for uri in ("memo://m/elsewhere", "memo://m/readme"):
+                    await session.call_tool("stream_touch", {"uri": uri})
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await updates.put(await updates.get())
+        await asyncio.wait_for(session.unsubscribe_resource("memo://m/readme"), CALL_TIMEOUT)
+    heard = [updates.get_nowait() for _ in range(updates.qsize())]
+    assert heard
+    assert set(heard) == {"memo://m/readme"}
+
+
+async def test_a_2026_clients_listen_stream_gets_the_modern_upstreams_resource_updates(
+        gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "listener")
+    listen = {"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen",
+              "params": {"_meta": META, "notifications": {"resourceSubscriptions": ["memo://m/readme"]}}}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream, application/json",
+               "MCP-Protocol-Version": MODERN, "Mcp-Method": "subscriptions/listen"}
+    frames: list[Any] = []
+    async with (httpx2.AsyncClient(trust_env=False, timeout=CALL_TIMEOUT) as http,
+                http.stream("POST", f"{gateway.url}/mcp", json=listen, headers=headers) as stream):
+        lines = stream.aiter_lines()
+        async with asyncio.timeout(CALL_TIMEOUT):
+            while not frames:
+                line = await anext(lines)
+                frames += [json.loads(line[5:])] if line.startswith("data:") else []
+            touch = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"_meta": META, "name": "stream_touch", "arguments": {"uri": "memo://m/readme"}}}
+            assert "result" in _json_of(await _post(gateway, token, touch))
+            while len(frames) < 2:
+                line = await anext(lines)
+                frames += [json.loads(line[5:])] if line.startswith("data:") else []
+    ack, update = frames
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"]["resourceSubscriptions"] == ["memo://m/readme"]
+    assert update["method"] == "notifications/resources/updated"
+    assert update["params"]["uri"] == "memo://m/readme"
+    assert update["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "sub-1"
 
 
 async def test_a_2026_client_continues_the_flow_on_a_restarted_gateway(gateway: GatewayProcess) -> None:

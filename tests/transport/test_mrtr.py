@@ -135,8 +135,12 @@ def test_attack_a_carried_state_pointed_at_another_upstream_does_not_verify() ->
 def test_only_declared_inputs_may_be_asked_of_a_modern_client() -> None:
     result = {"inputRequests": {"a": {"method": "elicitation/create"}, "b": {"method": "sampling/createMessage"}}}
     assert mrtr.missing_capability(result, {"elicitation": {}, "sampling": {}}) is None
-    assert mrtr.missing_capability(result, {"elicitation": {}}) == "sampling"
+    assert mrtr.missing_capability(result, {"elicitation": {}}) == {"sampling": {}}
+    assert mrtr.missing_capability(result, {}) == {"elicitation": {}, "sampling": {}}
     assert mrtr.missing_capability({"requestState": "s"}, {}) is None
+    url = {"inputRequests": {"u": {"method": "elicitation/create", "params": {"mode": "url", "url": "https://x"}}}}
+    assert mrtr.missing_capability(url, {"elicitation": {}}) == {"elicitation": {"url": {}}}
+    assert mrtr.missing_capability(url, {"elicitation": {"url": {}}}) is None
     assert mrtr.carried_result({"resultType": "input_required", "requestState": "theirs"}, "ours") == {
         "resultType": "input_required", "requestState": "ours"}
 
@@ -218,6 +222,35 @@ async def test_the_upstreams_question_becomes_input_required_and_the_retry_compl
     assert final["result"]["resultType"] == "complete"
     assert json.loads(final["result"]["content"][0]["text"]) == answer
     assert len([c for c in gw.pool.calls if c[0] == "tools/call"]) == 1  # one upstream call for both rounds
+
+
+async def test_the_same_request_sent_again_while_it_waits_gets_its_question_again(start: StartGateway) -> None:
+    """A client whose answer was lost sends the request again (same id, same params): it is asked again, the call
+    is not started twice, and the question is answered once whichever state comes back."""
+    gw = await start()
+
+    def upstream_calls() -> int:
+        return len([c for c in gw.pool.calls if c[0] == "tools/call"])
+
+    key, state = await first_round(gw)
+    status, again = await gw.call(ALICE, ASK)
+    assert status == 200
+    assert list(again["result"]["inputRequests"]) == [key]
+    assert again["result"]["requestState"] != state
+    assert upstream_calls() == 1  # the waiting call was asked again, not started again
+    status, _ = await gw.call(ALICE, ASK, request_id=9)  # another id is another call
+    assert upstream_calls() == 2
+    status, _ = await gw.call(MALLORY, ASK)  # another token's request is its own call
+    assert upstream_calls() == 3
+    answer = {"action": "accept", "content": {"name": "Alice"}}
+    status, final = await gw.call(ALICE, {**ASK, "inputResponses": {key: answer},
+                                          "requestState": again["result"]["requestState"]}, request_id=2)
+    assert (status, final["result"]["resultType"]) == (200, "complete")
+    assert json.loads(final["result"]["content"][0]["text"]) == answer
+    status, late = await gw.call(ALICE, {**ASK, "inputResponses": {key: answer}, "requestState": state},
+                                 request_id=3)
+    assert status == 400  # the first state named the same call, which is over now
+    assert "issue the call again" in late["error"]["message"]
 
 
 async def test_attack_another_token_cannot_continue_alices_flow(start: StartGateway) -> None:

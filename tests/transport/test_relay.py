@@ -15,6 +15,7 @@ from satgate_mcp.transport.relay import (
     ask_refusal,
     log_message_passes,
     most_verbose,
+    required_capability,
 )
 from satgate_mcp.upstream.inbox import sole_session
 
@@ -157,3 +158,20 @@ async def test_an_upstream_that_withdraws_its_question_gets_no_answer_and_the_cl
         "notifications/cancelled", {"requestId": question["id"], "reason": "the upstream cancelled its request"})]
     assert to_upstream == []  # a cancelled request is never answered
     assert len(asks) == 0
+
+
+@pytest.mark.parametrize(("method", "params", "declared", "required"), [
+    pytest.param("elicitation/create", None, {"elicitation": {}}, None, id="form-declared"),
+    pytest.param("elicitation/create", None, {}, {"elicitation": {}}, id="elicitation-undeclared"),
+    pytest.param("elicitation/create", {"mode": "url"}, {"elicitation": {}}, {"elicitation": {"url": {}}},
+                 id="url-mode-not-declared"),
+    pytest.param("elicitation/create", {"mode": "url"}, {}, {"elicitation": {"url": {}}}, id="url-no-elicitation"),
+    pytest.param("elicitation/create", {"mode": "url"}, {"elicitation": {"url": {}}}, None, id="url-declared"),
+    pytest.param("sampling/createMessage", None, {"elicitation": {}}, {"sampling": {}}, id="sampling-undeclared"),
+    pytest.param("roots/list", None, {"roots": {"listChanged": True}}, None, id="roots-declared"),
+    pytest.param("roots/list", None, None, None, id="unknown-capabilities-relay"),
+    pytest.param("ping", None, {}, None, id="needs-nothing"),
+])
+def test_the_capability_a_request_needs_is_named_in_client_capabilities_shape(
+        method: str, params: JsonObj | None, declared: dict[str, object] | None, required: JsonObj | None) -> None:
+    assert required_capability(method, params, declared) == required

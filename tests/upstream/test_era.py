@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import structlog
 
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
@@ -62,6 +64,8 @@ def test_modern_meta_keeps_the_callers_fields() -> None:
     assert params["_meta"][wire.META_VERSION] == MODERN
     assert params["_meta"][wire.META_CAPABILITIES] == {"elicitation": {}, "sampling": {}, "roots": {}}
     assert wire.with_modern_meta(None)["_meta"][wire.META_VERSION] == MODERN
+    assert wire.META_LOG_LEVEL not in params["_meta"]  # no level: the upstream sends no log messages
+    assert wire.with_modern_meta({"name": "t"}, "warning")["_meta"][wire.META_LOG_LEVEL] == "warning"
 
 
 @pytest.mark.parametrize(("message", "name"), [
@@ -138,6 +142,12 @@ class FakeCarrier:
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         raise AssertionError("a modern upstream's input is carried, never asked")
 
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return None
+
+    def log_level(self) -> str | None:
+        return None
+
     def carry(self, upstream: str, result: JsonObj) -> None:
         self.carried.append((upstream, result))
 
@@ -203,8 +213,9 @@ class FakeRelay:
 
     session_key = "s"
 
-    def __init__(self, answer: JsonObj) -> None:
+    def __init__(self, answer: JsonObj, declared: frozenset[str] = frozenset({"elicitation/create"})) -> None:
         self.answer = answer
+        self.declared = declared
         self.asked: list[tuple[str, JsonObj | None]] = []
 
     async def __call__(self, params: JsonObj) -> None:
@@ -219,6 +230,12 @@ class FakeRelay:
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         self.asked.append((method, params))
         return self.answer
+
+    def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
+        return None if method in self.declared else {method.split("/")[0]: {}}
+
+    def log_level(self) -> str | None:
+        return None
 
 
 @pytest.fixture
@@ -253,6 +270,19 @@ async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> 
         await modern_stdio.close()
     assert reply["error"]["message"] == "no elicitation here"
     assert unasked["error"]["data"]["error"] == "input_not_relayed"
+
+
+async def test_input_the_2025_client_did_not_declare_is_minus_32021_and_nothing_is_asked(
+        modern_stdio: StdioUpstream) -> None:
+    relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept"}}, declared=frozenset())
+    try:
+        reply = await modern_stdio.request("tools/call", {"name": "mrtr_ask", "arguments": {"question": "q"}},
+                                           on_progress=relay)
+    finally:
+        await modern_stdio.close()
+    assert reply["error"]["code"] == -32021
+    assert reply["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}
+    assert relay.asked == []
 
 
 async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> None:
@@ -357,5 +387,72 @@ async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, 
         assert upstream.modern is modern
         reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "both"}})
         assert reply["result"]["content"][0]["text"] == "both"
+    finally:
+        await upstream.close()
+
+
+def test_a_retrys_own_fields_are_dropped_for_an_upstream_that_has_no_use_for_them() -> None:
+    params = {"name": "t", "arguments": {}, "inputResponses": {"k": {}}, "requestState": "s"}
+    assert wire.without_input_fields(params) == {"name": "t", "arguments": {}}
+    plain = {"name": "t"}
+    assert wire.without_input_fields(plain) is plain
+    assert wire.without_input_fields(None) is None
+    retried = wire.retry_params(plain, {"k": {"action": "accept"}}, "s2")
+    assert retried == {"name": "t", "inputResponses": {"k": {"action": "accept"}}, "requestState": "s2"}
+    assert plain == {"name": "t"}  # the caller's params are not changed
+
+
+def test_a_modern_upstreams_listen_filter_names_the_subscribed_uris() -> None:
+    plain = wire.listen_params()["notifications"]
+    assert plain == {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
+    assert wire.listen_params(["memo://b", "memo://a", "memo://b"])["notifications"]["resourceSubscriptions"] == [
+        "memo://a", "memo://b"]
+    assert wire.listen_params()["_meta"][wire.META_VERSION] == MODERN
+
+
+async def test_resource_subscriptions_of_a_modern_upstream_become_its_listen_filter(
+        modern_stdio: StdioUpstream) -> None:
+    try:
+        subscribed = await modern_stdio.request("resources/subscribe", {"uri": "memo://m/readme"})
+        again = await modern_stdio.request("resources/subscribe", {"uri": "memo://m/readme"})
+        held = modern_stdio.resource_subscriptions
+        unsubscribed = await modern_stdio.request("resources/unsubscribe", {"uri": "memo://m/readme"})
+        without_uri = await modern_stdio.request("resources/subscribe", {})
+    finally:
+        await modern_stdio.close()
+    assert subscribed["result"] == {}
+    assert again["result"] == {}
+    assert held == ["memo://m/readme"]
+    assert unsubscribed["result"] == {}
+    assert modern_stdio.resource_subscriptions == []
+    assert without_uri["error"]["code"] == -32602
+
+
+async def test_a_modern_childs_resource_updates_arrive_for_subscribed_uris_also_after_it_restarts() -> None:
+    updates: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_notification(method: str, params: JsonObj | None) -> None:
+        if method == "notifications/resources/updated":
+            await updates.put(str((params or {}).get("uri")))
+
+    upstream = _stdio("--modern-only")
+    await upstream.start(on_notification)
+    try:
+        assert await upstream.wait_ready(20)
+        await upstream.request("resources/subscribe", {"uri": "memo://m/readme"})
+        for uri in ("memo://m/elsewhere", "memo://m/readme"):
+            await upstream.request("tools/call", {"name": "stream_touch", "arguments": {"uri": uri}})
+        assert await asyncio.wait_for(updates.get(), 10) == "memo://m/readme"  # the unsubscribed one never came
+        with contextlib.suppress(UpstreamUnavailable):
+            await upstream.request("tools/call", {"name": "crash", "arguments": {}})
+        assert await upstream.wait_ready(20)
+        assert upstream.restarts == 1
+        async with asyncio.timeout(20):  # the restarted child was asked for the same URIs
+            while updates.empty():
+                await upstream.request("tools/call", {"name": "stream_touch", "arguments": {"uri": "memo://m/readme"}})
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await updates.put(await updates.get())
+        assert updates.get_nowait() == "memo://m/readme"
     finally:
         await upstream.close()
