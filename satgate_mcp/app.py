@@ -143,7 +143,8 @@ def create_app(
     modern = ModernTransport(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
     owned.insert(0, modern.aclose)  # first: the calls of the flows it gives up settle in the state store
     replay = ReplayBook()
-    StreamableHttpTransport(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay).add_routes(app)
+    StreamableHttpTransport(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
+                            poll_seconds=settings.sse_poll_seconds).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()

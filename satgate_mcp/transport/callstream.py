@@ -40,7 +40,7 @@ class CallStream:
     """
 
     def __init__(self, request: web.Request, headers: dict[str, str], *, event_ids: bool,
-                 stream_quiet: bool = False, replay: ReplayBook | None = None, session_id: str = "",
+                 stream_quiet: bool = False, replay: ReplayBook | None = None, session_id: str = "", poll: float = 0.0,
                  owed: Callable[[], list[JsonObj]] = list, owes: Callable[[], bool] = lambda: False) -> None:
         self._request = request
         self._headers = headers
@@ -48,6 +48,8 @@ class CallStream:
         self._owes = owes
         self._event_ids = event_ids
         self._stream_quiet = stream_quiet
+        self._poll = poll
+        self._quiet_since = 0.0
         self._log: CallLog | None = replay.open(session_id) if (replay is not None and event_ids) else None
         self._replay = replay
         self._stream_id = self._log.stream_id if self._log is not None else secrets.token_hex(8)
@@ -77,16 +79,22 @@ class CallStream:
             response = web.StreamResponse(headers={**self._headers, **SSE_HEADERS})
             await response.prepare(self._request)
             self._response = response
+            self._quiet_since = asyncio.get_running_loop().time()
             if self._event_ids:
                 await response.write(self._priming())
             for note in self._owed():
                 await self._write(self._frame(note))
         return self._response
 
-    async def _write(self, frame: bytes) -> None:
-        """Write to the client unless it is gone; the frame is already kept for a resumption."""
+    async def _write(self, frame: bytes, *, event: bool = True) -> None:
+        """Write to the client unless it is gone; the frame is already kept for a resumption.
+
+        A keep-alive comment is no ``event``: it does not end the stream's quiet time.
+        """
         if self.gone:
             return
+        if event:
+            self._quiet_since = asyncio.get_running_loop().time()
         try:
             assert self._response is not None
             await self._response.write(frame)
@@ -123,10 +131,15 @@ class CallStream:
         """Once admitted, a call still running after ``OPEN_AFTER`` opens its stream (on 2025-11-25 its priming
         event gives the client an id to resume from), then a comment every ``every`` seconds keeps it open."""
         await admitted.wait()
+        loop = asyncio.get_running_loop()
+        polls = self._poll > 0 and self._log is not None
         wait = min(every, OPEN_AFTER) if self._stream_quiet else every
         while not self.gone:
             await asyncio.sleep(wait)
-            wait = every
+            wait = min(every, self._poll) if polls else every
+            if polls and self._response is not None and loop.time() - self._quiet_since >= self._poll:
+                await self.pause()  # quiet long enough: the client polls for the rest
+                return
             async with self._lock:
                 opening = self._response is None and self._stream_quiet
                 try:
@@ -135,7 +148,7 @@ class CallStream:
                     self.gone = True
                     continue
                 if not opening:
-                    await self._write(b": keepalive\n\n")
+                    await self._write(b": keepalive\n\n", event=False)
 
     async def finish(self, reply: JsonObj, *, admitted: bool = True) -> web.StreamResponse:
         """The answer: the stream's last event, or JSON for a refusal (or a quiet call where streams are lazy).

@@ -35,9 +35,11 @@ EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
 class StreamableHttpTransport:
     def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
                  keepalive_seconds: float | None = None, modern: ModernTransport | None = None,
-                 replay: ReplayBook | None = None) -> None:
-        """``replay``: where 2025-11-25 answer streams are kept so a client can resume one (None: not resumable)."""
+                 replay: ReplayBook | None = None, poll_seconds: float = 0.0) -> None:
+        """``replay``: where 2025-11-25 answer streams are kept so a client can resume one (None: not resumable);
+        ``poll_seconds``: how long such a stream may stay quiet before it is closed for the client to resume."""
         self._edge = edge
+        self._poll = poll_seconds
         self._standalone = standalone
         self._replay = replay
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
@@ -163,7 +165,7 @@ class StreamableHttpTransport:
         """What the upstream says during the call, then its answer: one stream, prepared only once admitted."""
         edge = self._edge
         stream = CallStream(request, headers, event_ids=session.protocol_version in EVENT_ID_VERSIONS,
-                            stream_quiet=True, replay=self._replay, session_id=session.id,
+                            stream_quiet=True, replay=self._replay, session_id=session.id, poll=self._poll,
                             owed=partial(edge.owed, session, call), owes=partial(edge.owes, session, call))
         relay = self._edge.relay(session, stream.emit, streaming=True, pause=stream.pause)
         keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive))

@@ -252,3 +252,38 @@ async def test_a_cursor_older_than_what_is_kept_cannot_be_resumed() -> None:
         log.add(n, b"data: {}\n\n")
     assert book.find("s1", f"{log.stream_id}-0") is None
     assert book.find("s1", f"{log.stream_id}-2") == (log, 2)
+
+
+# --- polling: a quiet stream closed mid-call (SATGATE_SSE_POLL_SECONDS) ----------------------------------
+
+
+async def polling_gateway(aiohttp_client: AiohttpClient, poll: float) -> Client:
+    pool = FakePool()
+    settings = Settings(auth_mode="config", static_token=SecretStr(TOKEN), sse_poll_seconds=poll)
+    return Client(await aiohttp_client(create_app(settings, pool=pool, policy=AllowAllPolicy())), pool)
+
+
+async def test_a_quiet_stream_is_closed_mid_call_and_the_client_polls_for_the_answer(
+        aiohttp_client: AiohttpClient) -> None:
+    gw = await polling_gateway(aiohttp_client, 0.05)
+    session = await gw.initialize()
+    call = await gw.post(session, call_tool(11, "block"))
+    first = decode(await asyncio.wait_for(call.read(), WAIT))  # the stream ends while the call still runs
+    assert [e.data for e in first if e.data.strip()] == []
+    last_id = first[-1].id
+    assert last_id is not None
+    gw.pool.release.set()
+
+    resumed = await gw.resume(session, last_id)
+
+    assert [json.loads(e.data)["id"] for e in decode(await resumed.read()) if e.data.strip()] == [11]
+
+
+async def test_without_event_ids_a_stream_is_never_closed_for_polling(aiohttp_client: AiohttpClient) -> None:
+    gw = await polling_gateway(aiohttp_client, 0.05)
+    session = await gw.initialize("2025-06-18")
+    call = await gw.post(session, call_tool(12, "block"), version="2025-06-18")
+    assert call.content_type == SSE  # open (a keep-alive or the answer will follow), not closed for a poll
+    await asyncio.sleep(0.2)  # several poll periods pass with nothing to say
+    gw.pool.release.set()
+    assert [json.loads(e.data)["id"] for e in decode(await call.read()) if e.data.strip()] == [12]
