@@ -24,7 +24,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.subscriptions import Subscriptions
-from satgate_mcp.upstream.base import ProgressCallback, Relay
+from satgate_mcp.upstream.base import ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
@@ -205,7 +205,7 @@ def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
 
 def _admitted(call: Call) -> None:
     """Tell the call's relay that nothing can refuse it any more: its answer may now be prepared as a stream."""
-    if isinstance(call.on_progress, Relay):
+    if is_relay(call.on_progress):
         call.on_progress.admit()
 
 

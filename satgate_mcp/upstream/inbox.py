@@ -23,7 +23,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, Relay
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, Relay, is_relay
 from satgate_mcp.upstream.wire import (
     is_pool_notification,
     restore_progress_token,
@@ -43,7 +43,7 @@ class _Route:
 
     @property
     def relay(self) -> Relay | None:
-        return self.callback if isinstance(self.callback, Relay) else None
+        return self.callback if is_relay(self.callback) else None
 
 
 def sole_session(session_keys: list[str]) -> str | None:
@@ -78,7 +78,7 @@ class Inbox:
         """
         token = f"satgate-{self._name}-{next(self._tokens)}"
         new_params, caller = rewrite_progress_token(params, token)
-        if caller is not None or isinstance(on_progress, Relay):
+        if caller is not None or is_relay(on_progress):
             self._routes[token] = _Route(caller, on_progress)
         return new_params, token
 
