@@ -440,7 +440,7 @@ class Dispatcher:
             raise
         finally:
             elapsed = self._clock() - started
-            self._metrics.tool_calls.labels(upstream=upstream, outcome=outcome).inc()
-            self._metrics.upstream_latency.labels(upstream=upstream, method="tools/call").observe(elapsed)
+            self._metrics.tool_call_outcomes(upstream, outcome).inc()
+            self._metrics.upstream_latencies(upstream, "tools/call").observe(elapsed)
             self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
                                     tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))
