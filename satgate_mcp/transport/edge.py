@@ -12,6 +12,7 @@ bounds its calls by the token's in-flight quota; cancelling by id needs a sessio
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -61,8 +62,16 @@ def sse_event(message: JsonObj) -> bytes:
 
 def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | None:
     """The DNS-rebinding guard every browser-reachable endpoint shares (/mcp, /sse, /readyz, /metrics)."""
-    return (rules.check_host(request.headers.get("Host"), settings.allowed_hosts, settings.host)
-            or rules.check_origin(request.headers.get("Origin"), settings.allowed_origins))
+    return _host_origin_verdict(settings, request.headers.get("Host"), request.headers.get("Origin"))
+
+
+def _host_origin_verdict(settings: Settings, host: str | None, origin: str | None) -> Refusal | None:
+    return (rules.check_host(host, settings.allowed_hosts, settings.host)
+            or rules.check_origin(origin, settings.allowed_origins))
+
+
+#: Distinct (Host, Origin) pairs whose verdict an edge keeps: a client chooses them, so the cache is bounded.
+HOST_ORIGIN_CACHE = 256
 
 
 # --- who is asking ------------------------------------------------------------------------------
@@ -132,6 +141,9 @@ class Edge:
         self.asks = PendingAsks()
         #: The level upstreams were last set to (the most verbose any session asked for).
         self._upstream_log_level: str | None = None
+        # The guard is a pure function of the two headers and the settings, and parses an IP address per
+        # request: decided once per pair of values.
+        self._host_origin = functools.lru_cache(maxsize=HOST_ORIGIN_CACHE)(partial(_host_origin_verdict, settings))
 
     @property
     def resumes_sessions(self) -> bool:
@@ -183,7 +195,8 @@ class Edge:
     # --- checks and body ------------------------------------------------------------------------
 
     def check_host_origin(self, request: web.Request) -> Refusal | None:
-        return host_origin_refusal(request, self._settings)
+        headers = request.headers
+        return self._host_origin(headers.get("Host"), headers.get("Origin"))
 
     async def read_body(self, request: web.Request) -> bytes | Refusal:
         """The body, or 413 once it passes the limit; we never buffer more than limit + one chunk."""

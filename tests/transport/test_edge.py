@@ -164,3 +164,20 @@ async def test_a_refused_credential_is_counted_and_answered_401() -> None:
     assert metrics.registry.get_sample_value("satgate_refusals_total", {"reason": "invalid"}) == 1
     accepted = await edge.principal(make_mocked_request("POST", "/mcp", headers={"Authorization": "Bearer s3cret"}))
     assert accepted == Principal("s3cret", Identity(token_id="static"))
+
+
+async def test_the_host_and_origin_guard_decides_each_pair_of_values_on_its_own() -> None:
+    """Verdicts are kept per (Host, Origin): a pair seen before never lets another pair through."""
+    edge = make_edge(FakePool())
+
+    def verdict(host: str, origin: str | None = None) -> str | None:
+        headers = {"Host": host, **({"Origin": origin} if origin is not None else {})}
+        refusal = edge.check_host_origin(make_mocked_request("POST", "/mcp", headers=headers))
+        return None if refusal is None else refusal.error
+
+    for _ in range(2):
+        assert verdict("127.0.0.1:8080") is None
+        assert verdict("127.0.0.1:8080", "http://localhost:3000") is None
+        assert verdict("127.0.0.1:8080", "https://evil.example") == "origin_not_allowed"
+        assert verdict("evil.example:8080") == "host_not_allowed"
+        assert verdict("evil.example:8080", "http://localhost:3000") == "host_not_allowed"
