@@ -61,7 +61,7 @@ def encode_message(message: JsonObj) -> bytes:
         stripped = strip_client_credentials(params)
         if stripped is not params:
             message = {**message, "params": stripped}
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return jsonrpc.dumps(message)  # compact UTF-8, as json.dumps(ensure_ascii=False) wrote it
 
 
 def moved_on_refusal(asked: str, here: str) -> JsonObj:
