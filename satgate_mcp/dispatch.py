@@ -24,7 +24,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.subscriptions import Scope, Subscriptions
-from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, Relay
+from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 
 TOOLS_PAGE_SIZE = 500
@@ -211,7 +211,7 @@ def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
 
 def _admitted(call: Call) -> None:
     """Tell the call's relay that nothing can refuse it any more: its answer may now be prepared as a stream."""
-    if isinstance(call.on_progress, Relay):
+    if is_relay(call.on_progress):
         call.on_progress.admit()
 
 
@@ -453,7 +453,7 @@ class Dispatcher:
             raise
         finally:
             elapsed = self._clock() - started
-            self._metrics.tool_calls.labels(upstream=upstream, outcome=outcome).inc()
-            self._metrics.upstream_latency.labels(upstream=upstream, method="tools/call").observe(elapsed)
+            self._metrics.tool_call_outcomes(upstream, outcome).inc()
+            self._metrics.upstream_latencies(upstream, "tools/call").observe(elapsed)
             self._publisher.publish(events.TOOL_CALL, token_id=identity.token_id, session_id=session_id,
                                     tool=name, upstream=upstream, outcome=outcome, duration_ms=round(elapsed * 1000, 1))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -11,6 +11,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Children(Generic[M]):
+    """A labelled metric's children by label values, looked up once: ``labels()`` validates its arguments,
+    builds a key and takes a lock on every call. Only for label values from a bounded set."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -46,6 +65,9 @@ class Metrics:
         self.fail_open_admissions = Counter("satgate_fail_open_admissions",
                                             "Calls admitted unmetered while the store was down "
                                             "(SATGATE_STORE_FAIL_MODE=open)", registry=r)
+        #: The children a call's path touches, by label values in the order the metric declares them.
+        self.tool_call_outcomes = Children(self.tool_calls)
+        self.upstream_latencies = Children(self.upstream_latency)
 
     def watch_revocation_files(self, files: Sequence[WatchedFile]) -> None:
         """Export the revocation files' health; a no-op when none is configured."""

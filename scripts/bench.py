@@ -17,8 +17,10 @@ interleaved rounds (a fresh server each time). Per target it reports calls/s, th
 round's baseline, p50/p99 under load, p50 of one call at a time, server CPU ms per call from
 /proc/<pid>/stat (the process and its children, separately and together, over the load window only) and
 initialize/s. For the gateway alone it adds idle KiB per session, a resumed session's first call (on a
-second process) against an ordinary first call, and the SSE answer path against the JSON one when the
-gateway answers SSE. With ``taskset`` and two CPUs, the server under test runs on the first CPU and the
+second process) against an ordinary first call, and the SSE answer path against the JSON one: for
+``echo`` when the gateway answers it SSE, and always for a call with one progress notification (``slow``,
+which streams when the client reads SSE). ``--soak SECONDS`` adds a gateway under load for that long with
+its RSS sampled (flat or not). With ``taskset`` and two CPUs, the server under test runs on the first CPU and the
 load generator on the second. Figures are printed, never asserted; ``--json`` prints them as one object.
 
     .venv/bin/python scripts/bench.py --compare                  # 8 sessions, 16 workers, 10 s x 3 rounds
@@ -646,6 +648,20 @@ def tree_ticks(root: int | None) -> tuple[dict[int, int], dict[int, int]]:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """What a load phase calls instead of ``echo``; ``progress`` asks for progress (a progressToken)."""
+
+    name: str
+    arguments: dict[str, Any]
+    progress: bool = False
+
+
+#: One progress notification before the answer: the gateway must answer it on an SSE stream when the client
+#: reads one (Accept: both), and can only answer JSON (the progress dropped) when it does not.
+PROGRESS_CALL = ToolCall("slow", {"steps": 1, "delay": 0}, progress=True)
+
+
+@dataclass(frozen=True)
 class McpSession:
     id: str
     headers: dict[str, str]
@@ -685,11 +701,15 @@ class RawClient:
                 raise RuntimeError(f"notifications/initialized at {self.url} answered {resp.status}")
         return session
 
-    async def call(self, session: McpSession, accept: str | None = None) -> tuple[bool, str]:
-        """One ``echo``; (succeeded, the answer's content type)."""
+    async def call(self, session: McpSession, accept: str | None = None, tool: ToolCall | None = None
+                   ) -> tuple[bool, str]:
+        """One ``echo`` (or ``tool``); (succeeded, the answer's content type)."""
         n = next(_ids)
-        body = {"jsonrpc": "2.0", "id": n, "method": "tools/call",
-                "params": {"name": "echo", "arguments": {"text": f"call {n}"}}}
+        params: dict[str, Any] = ({"name": "echo", "arguments": {"text": f"call {n}"}} if tool is None
+                                  else {"name": tool.name, "arguments": dict(tool.arguments)})
+        if tool is not None and tool.progress:
+            params["_meta"] = {"progressToken": f"p{n}"}
+        body = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params}
         headers = session.headers if accept is None else {**session.headers, "Accept": accept}
         try:
             status, content_type, answer, _ = await self.post(body, headers)
@@ -698,14 +718,16 @@ class RawClient:
         return status == 200 and call_succeeded(answer), content_type
 
 
-async def timed_call(client: RawClient, session: McpSession, accept: str | None = None) -> tuple[float, bool, str]:
+async def timed_call(client: RawClient, session: McpSession, accept: str | None = None,
+                     tool: ToolCall | None = None) -> tuple[float, bool, str]:
     started = time.perf_counter()
-    ok, content_type = await client.call(session, accept)
+    ok, content_type = await client.call(session, accept, tool)
     return (time.perf_counter() - started) * 1000, ok, content_type
 
 
 async def load_phase(client: RawClient, sessions: Sequence[McpSession], workers: int, seconds: float,
-                     server_pid: int | None, accept: str | None = None) -> dict[str, Any]:
+                     server_pid: int | None, accept: str | None = None, tool: ToolCall | None = None
+                     ) -> dict[str, Any]:
     """``workers`` loops calling ``echo`` over ``sessions`` until ``seconds`` pass; CPU over that window only."""
     latencies: list[float] = []
     errors = 0
@@ -716,7 +738,7 @@ async def load_phase(client: RawClient, sessions: Sequence[McpSession], workers:
         nonlocal errors
         session = sessions[index % len(sessions)]
         while time.perf_counter() < stop_at:
-            ms, ok, content_type = await timed_call(client, session, accept)
+            ms, ok, content_type = await timed_call(client, session, accept, tool)
             latencies.append(ms)
             errors += not ok
             answer_types[content_type] = answer_types.get(content_type, 0) + 1
@@ -744,14 +766,14 @@ async def load_phase(client: RawClient, sessions: Sequence[McpSession], workers:
             "answer_types": answer_types}
 
 
-async def sequential_p50(client: RawClient, session: McpSession, calls: int, accept: str | None = None
-                         ) -> tuple[float, int]:
+async def sequential_p50(client: RawClient, session: McpSession, calls: int, accept: str | None = None,
+                         tool: ToolCall | None = None) -> tuple[float, int]:
     """p50 of one call at a time (nothing else in flight), bounded in count and time; (p50 ms, errors)."""
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + SEQUENTIAL_MAX_SECONDS
     while len(latencies) < calls and time.perf_counter() < deadline:
-        ms, ok, _ = await timed_call(client, session, accept)
+        ms, ok, _ = await timed_call(client, session, accept, tool)
         latencies.append(ms)
         errors += not ok
     return percentile(sorted(latencies), 0.50), errors
@@ -792,6 +814,7 @@ class CompareConfig:
     log_level: str
     pinning: Pinning
     workdir: Path
+    soak_seconds: float = 0.0
 
     def gateway_env(self) -> dict[str, str]:
         """Quotas out of the way of what is measured: session-opening phases hold many sessions on few tokens."""
@@ -899,17 +922,56 @@ async def resume_and_sse_phase(cfg: CompareConfig) -> dict[str, Any]:
             session = await on_a.open(auth.tokens[0])
             _, probe_type = await on_a.call(session, ACCEPT_BOTH)
             sse: dict[str, Any] = {"answers_when_both_accepted": probe_type}
-            if probe_type == "text/event-stream":
-                sessions = [await on_a.open(t) for t in auth.tokens]
+            sessions = [await on_a.open(t) for t in auth.tokens]
+
+            async def both_ways(tool: ToolCall | None) -> dict[str, Any]:
+                figures: dict[str, Any] = {}
                 for label, accept in (("sse", ACCEPT_BOTH), ("json", ACCEPT_JSON)):
-                    p50, _ = await sequential_p50(on_a, session, cfg.sequential_calls, accept)
-                    load = await load_phase(on_a, sessions, cfg.workers, cfg.duration, a.pid, accept)
-                    sse[label] = {"sequential_p50_ms": p50, **{k: load[k] for k in (
+                    p50, _ = await sequential_p50(on_a, session, cfg.sequential_calls, accept, tool)
+                    load = await load_phase(on_a, sessions, cfg.workers, cfg.duration, a.pid, accept, tool)
+                    figures[label] = {"sequential_p50_ms": p50, **{k: load[k] for k in (
                         "calls_per_second", "p50_ms", "p99_ms", "server_cpu_ms_per_call", "errors", "answer_types")}}
+                return figures
+
+            if probe_type == "text/event-stream":
+                sse.update(await both_ways(None))
+            # A call with progress streams whenever the client reads SSE: that path is measured either way.
+            sse["progress"] = await both_ways(PROGRESS_CALL)
     finally:
         a.stop()
         b.stop()
     return {"resume": resume, "sse": sse}
+
+
+#: RSS samples a soak takes (first and last included).
+SOAK_SAMPLES = 11
+
+
+async def soak_phase(cfg: CompareConfig, seconds: float) -> dict[str, Any]:
+    """One gateway (auth=header) under the load of the rounds for ``seconds``, RSS sampled evenly: flat or not."""
+    auth = make_auth("header", cfg.sessions)
+    gateway = cfg.gateway(auth, "gateway-soak")
+    gateway.start()
+    rss: list[int] = []
+    calls = errors = 0
+    try:
+        async with client_session(cfg.workers) as http:
+            await gateway.wait_ready(http)
+            client = RawClient(http, gateway.mcp_url)
+            sessions = [await client.open(t) for t in auth.tokens]
+            await load_phase(client, sessions, cfg.workers, min(WARMUP_SECONDS, seconds), None)
+            step = seconds / (SOAK_SAMPLES - 1)
+            for n in range(SOAK_SAMPLES):
+                kib = gateway.memory_kib()
+                if kib is not None:
+                    rss.append(kib)
+                if n < SOAK_SAMPLES - 1:
+                    load = await load_phase(client, sessions, cfg.workers, step, None)
+                    calls, errors = calls + load["calls"], errors + load["errors"]
+    finally:
+        gateway.stop()
+    return {"seconds": seconds, "calls": calls, "errors": errors, "rss_kib": rss,
+            "rss_growth_kib": rss[-1] - rss[0] if len(rss) > 1 else math.nan}
 
 
 async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable[[str], None]) -> None:
@@ -922,6 +984,9 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
         report["idle"] = await idle_phase(cfg)
     progress("resume and SSE: two gateway processes")
     report.update(await resume_and_sse_phase(cfg))
+    if cfg.soak_seconds > 0:
+        progress(f"soak: {cfg.soak_seconds:g} s of load on one gateway")
+        report["soak"] = await soak_phase(cfg, cfg.soak_seconds)
 
 
 def render_compare(report: dict[str, Any]) -> str:
@@ -964,22 +1029,40 @@ def render_compare(report: dict[str, Any]) -> str:
     sse = report.get("sse")
     if sse:
         if "sse" in sse:
-            parts = [f"{k.upper()} {fmt(sse[k]['calls_per_second'])} calls/s, p50 {fmt(sse[k]['p50_ms'], 2)} ms, "
-                     f"1-call p50 {fmt(sse[k]['sequential_p50_ms'], 2)} ms, "
-                     f"CPU {fmt(sse[k]['server_cpu_ms_per_call'], 3)} ms/call" for k in ("sse", "json")]
-            out.append("- answer path: " + "; ".join(parts))
+            out.append("- echo answer path: " + answer_paths(sse))
         else:
-            out.append(f"- SSE answer path: n/a (the gateway answers {sse['answers_when_both_accepted']} "
+            out.append(f"- echo answer path: SSE n/a (the gateway answers {sse['answers_when_both_accepted']} "
                        "when the client accepts both)")
+        if "progress" in sse:
+            out.append("- a call with one progress notification (slow, 1 step): " + answer_paths(sse["progress"]))
+    soak = report.get("soak")
+    if soak:
+        out.append(f"- soak: {soak['calls']:,} calls in {soak['seconds']:.0f} s ({soak['errors']} errors); RSS "
+                   + " -> ".join(fmt(kib / 1024, 1) for kib in soak["rss_kib"]) + " MiB "
+                   f"(first to last {fmt(soak['rss_growth_kib'], 0)} KiB)")
     if report.get("error"):
         out += ["", f"**incomplete: {report['error']}**"]
     return "\n".join(out)
 
 
+def answer_paths(figures: dict[str, Any]) -> str:
+    """The SSE and JSON answers to one kind of call, side by side, and their calls/s ratio."""
+    parts = []
+    for kind in ("sse", "json"):
+        f = figures[kind]
+        parts.append(f"{kind.upper()} {fmt(f['calls_per_second'])} calls/s, p50 {fmt(f['p50_ms'], 2)} ms, "
+                     f"1-call p50 {fmt(f['sequential_p50_ms'], 2)} ms, "
+                     f"CPU {fmt(f['server_cpu_ms_per_call'], 3)} ms/call, "
+                     f"answered {'/'.join(sorted(f.get('answer_types') or {})) or 'n/a'}")
+    paths = ratio(float(figures["sse"]["calls_per_second"]), float(figures["json"]["calls_per_second"]))
+    return "; ".join(parts) + f" (SSE/JSON calls/s {fmt(paths, 2)})"
+
+
 def estimated_seconds(args: argparse.Namespace) -> float:
     duration, init_seconds, rounds = float(args.duration), float(args.init_seconds), int(args.rounds)
     per_target = 12 + WARMUP_SECONDS + SEQUENTIAL_MAX_SECONDS + duration + init_seconds
-    extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 2 * duration + 10
+    extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
+    extras += float(args.soak) + 20 if args.soak > 0 else 0
     return rounds * len(TARGETS) * per_target + extras
 
 
@@ -996,7 +1079,8 @@ def main_compare(args: argparse.Namespace) -> int:
         "config": {"sessions": args.sessions, "workers": args.workers, "duration": args.duration,
                    "rounds": args.rounds, "init_seconds": args.init_seconds, "idle_sessions": args.idle_sessions,
                    "sequential_calls": args.sequential_calls, "resume_samples": args.resume_samples,
-                   "baseline_json_response": args.baseline_json, "timeout": timeout, "cpus": os.cpu_count()},
+                   "baseline_json_response": args.baseline_json, "soak_seconds": args.soak, "timeout": timeout,
+                   "cpus": os.cpu_count()},
         "pinning": pinning.note, "rounds": []}
     quiet = args.json
 
@@ -1009,7 +1093,7 @@ def main_compare(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="satgate-bench-") as workdir:
             cfg = CompareConfig(args.sessions, args.workers, args.duration, args.rounds, args.init_seconds,
                                 args.idle_sessions, args.sequential_calls, args.resume_samples, args.baseline_json,
-                                args.log_level, pinning, Path(workdir))
+                                args.log_level, pinning, Path(workdir), args.soak)
             try:
                 asyncio.run(asyncio.wait_for(compare(cfg, report, progress), timeout))
             except TimeoutError:
@@ -1094,6 +1178,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="calls of the one-at-a-time phase (default 200, at most 5 s)")
     compare.add_argument("--resume-samples", type=bounded_int(1, 1000), default=20,
                          help="sessions resumed on a second gateway process (default 20)")
+    compare.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
+                         help="then load one gateway this long, sampling its RSS (600 for the issue's soak; "
+                              "default 0: skipped)")
     compare.add_argument("--baseline-json", action="store_true",
                          help="run the baseline with --json-response (default: the SDK's SSE answers)")
     return parser

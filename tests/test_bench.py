@@ -252,3 +252,22 @@ def test_parser_keeps_the_old_mode_and_adds_compare() -> None:
     new = bench.build_parser().parse_args(["--compare", "--duration", "2", "--rounds", "1", "--json"])
     assert (new.compare, new.duration, new.rounds, new.sessions, new.workers) == (True, 2.0, 1, 8, 16)
     assert bench.estimated_seconds(new) > new.duration
+
+
+def test_answer_paths_puts_sse_beside_json_with_the_ratio_and_what_answered() -> None:
+    def figures(rate: float, kind: str) -> dict[str, Any]:
+        return {"calls_per_second": rate, "p50_ms": 2.0, "sequential_p50_ms": 1.0, "server_cpu_ms_per_call": 0.25,
+                "answer_types": {kind: 10}}
+
+    line = bench.answer_paths({"sse": figures(90.0, "text/event-stream"), "json": figures(100.0, "application/json")})
+    assert line.startswith("SSE 90.0 calls/s")
+    assert "answered text/event-stream" in line
+    assert "answered application/json" in line
+    assert line.endswith("(SSE/JSON calls/s 0.90)")
+
+
+def test_the_soak_is_off_unless_asked_for_and_counts_in_the_estimate() -> None:
+    plain = bench.build_parser().parse_args(["--compare"])
+    soaked = bench.build_parser().parse_args(["--compare", "--soak", "600"])
+    assert (plain.soak, soaked.soak) == (0.0, 600.0)
+    assert bench.estimated_seconds(soaked) >= bench.estimated_seconds(plain) + 600

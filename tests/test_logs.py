@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,6 +83,26 @@ def test_configured_json_logging_redacts_structlog_and_stdlib_lines(capsys: pyte
     assert (first["event"], first["authorization"], first["token_id"]) == ("auth", REDACTED, "alice")
     assert first["level"] == "info"
     assert second["event"] == f"bad header Authorization: Bearer {REDACTED}"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_json_line_carries_level_logger_timestamp_and_any_exception(capsys: pytest.CaptureFixture[str]) -> None:
+    """What the one fused line processor adds, as the separate processors did."""
+    configure_logging(Settings(log_format="json", log_level="INFO"))
+    log = structlog.get_logger("satgate_mcp.test_logs")
+    log.warning("slow", note=f"Bearer {SECRET}")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("failed", token=SECRET)
+    out = capsys.readouterr().out
+    assert SECRET not in out
+    warned, failed = (json.loads(line) for line in out.splitlines())
+    assert (warned["level"], warned["logger"], warned["note"]) == ("warning", "satgate_mcp.test_logs",
+                                                                  f"Bearer {REDACTED}")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", warned["timestamp"])
+    assert (failed["level"], failed["token"]) == ("error", REDACTED)
+    assert "RuntimeError: boom" in failed["exception"]
 
 
 # --- the canonical request line ---------------------------------------------------------------------------

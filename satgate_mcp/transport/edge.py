@@ -12,6 +12,7 @@ bounds its calls by the token's in-flight quota; cancelling by id needs a sessio
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -61,8 +62,16 @@ def sse_event(message: JsonObj) -> bytes:
 
 def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | None:
     """The DNS-rebinding guard every browser-reachable endpoint shares (/mcp, /sse, /readyz, /metrics)."""
-    return (rules.check_host(request.headers.get("Host"), settings.allowed_hosts, settings.host)
-            or rules.check_origin(request.headers.get("Origin"), settings.allowed_origins))
+    return _host_origin_verdict(settings, request.headers.get("Host"), request.headers.get("Origin"))
+
+
+def _host_origin_verdict(settings: Settings, host: str | None, origin: str | None) -> Refusal | None:
+    return (rules.check_host(host, settings.allowed_hosts, settings.host)
+            or rules.check_origin(origin, settings.allowed_origins))
+
+
+#: Distinct (Host, Origin) pairs whose verdict an edge keeps: a client chooses them, so the cache is bounded.
+HOST_ORIGIN_CACHE = 256
 
 
 # --- who is asking ------------------------------------------------------------------------------
@@ -95,6 +104,25 @@ Caller = Session | Principal
 InflightKey = tuple[str, RequestId]
 
 
+class RunningCall:
+    """A call in flight, run in its caller's own task (no task of its own): how a cancel reaches it.
+
+    ``stop`` cancels that task; the call's ``run_admitted`` tells its own cancellation from one
+    that came from outside (a handler aiohttp cancels) by the flag, and takes back only its own.
+    """
+
+    __slots__ = ("stopped", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.stopped = False
+
+    def stop(self) -> None:
+        if not self.stopped and not self.task.done():
+            self.stopped = True
+            self.task.cancel()
+
+
 class Edge:
     def __init__(self, *, settings: Settings, registry: SessionRegistry, authenticator: Authenticator,
                  dispatcher: Dispatcher, publisher: Publisher, metrics: Metrics,
@@ -108,11 +136,14 @@ class Edge:
         self._metrics = metrics
         self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight_per_token,
                                                   total=settings.max_inflight)
-        self._inflight: dict[InflightKey, set[asyncio.Task[JsonObj]]] = {}
+        self._inflight: dict[InflightKey, set[RunningCall]] = {}
         #: Upstream requests relayed to clients, waiting for their answers.
         self.asks = PendingAsks()
         #: The level upstreams were last set to (the most verbose any session asked for).
         self._upstream_log_level: str | None = None
+        # The guard is a pure function of the two headers and the settings, and parses an IP address per
+        # request: decided once per pair of values.
+        self._host_origin = functools.lru_cache(maxsize=HOST_ORIGIN_CACHE)(partial(_host_origin_verdict, settings))
 
     @property
     def resumes_sessions(self) -> bool:
@@ -164,7 +195,8 @@ class Edge:
     # --- checks and body ------------------------------------------------------------------------
 
     def check_host_origin(self, request: web.Request) -> Refusal | None:
-        return host_origin_refusal(request, self._settings)
+        headers = request.headers
+        return self._host_origin(headers.get("Host"), headers.get("Origin"))
 
     async def read_body(self, request: web.Request) -> bytes | Refusal:
         """The body, or 413 once it passes the limit; we never buffer more than limit + one chunk."""
@@ -279,10 +311,10 @@ class Edge:
     def end_session(self, session: Session) -> None:
         """DELETE: a tombstone, and every call still running on it is cancelled."""
         self._registry.delete(session.id)
-        for key, tasks in list(self._inflight.items()):
+        for key, calls in list(self._inflight.items()):
             if key[0] == session.id:
-                for task in tasks:
-                    task.cancel()
+                for call in calls:
+                    call.stop()
 
     def close_session(self, session: Session, reason: CloseReason) -> None:
         """Forget a session that can never be resumed (a legacy stream that ended): no tombstone."""
@@ -341,8 +373,8 @@ class Edge:
             return
         request_id = (note.params or {}).get("requestId")
         if isinstance(request_id, str | int) and not isinstance(request_id, bool):
-            for task in self._inflight.get((caller.id, request_id), ()):
-                task.cancel()
+            for call in tuple(self._inflight.get((caller.id, request_id), ())):
+                call.stop()
 
     def _admit(self, caller: Caller, request: jsonrpc.Request) -> bool:
         """Take an in-flight slot for this request, or count the refusal (the caller answers -32004)."""
@@ -381,7 +413,8 @@ class Edge:
 
     async def run_admitted(self, caller: Caller, request: jsonrpc.Request,
                            on_progress: OnProgress | None = None) -> JsonObj:
-        """Run one admitted request as its own task, so a client's notifications/cancelled can stop it."""
+        """Run one admitted request in the caller's task, registered so a client's notifications/cancelled
+        (or a DELETE) can stop it: a task and a wait per call would cost more than many a call itself."""
         session = caller if isinstance(caller, Session) else None
         if session is None:
             return await self._dispatch(caller, request, on_progress)
@@ -389,26 +422,30 @@ class Edge:
             return await self._set_log_level(session, request)
         if request.method == "tools/list":
             self._saw_tools(session)
+        task = asyncio.current_task()
+        assert task is not None  # every handler, and every batch item, runs in a task
         key = (session.id, request.id)
-        task = asyncio.ensure_future(self._dispatch(session, request, on_progress))
-        self._inflight.setdefault(key, set()).add(task)
+        running = RunningCall(task)
+        self._inflight.setdefault(key, set()).add(running)
         session.inflight += 1  # a session with a call running is never the one evicted for its token's quota
         try:
-            await asyncio.wait([task])
+            reply = await self._dispatch(session, request, on_progress)
         except asyncio.CancelledError:
-            task.cancel()
+            # Only our own cancel becomes an answer; one from outside as well (count left) goes on up.
+            if running.stopped and task.uncancel() == 0:
+                return jsonrpc.error_response(request.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled",
+                                              {"error": "cancelled"})
             raise
         finally:
             session.inflight -= 1
-            tasks = self._inflight.get(key)
-            if tasks is not None:
-                tasks.discard(task)
-                if not tasks:
+            calls = self._inflight.get(key)
+            if calls is not None:
+                calls.discard(running)
+                if not calls:
                     del self._inflight[key]
-        if task.cancelled():
-            return jsonrpc.error_response(request.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled",
-                                          {"error": "cancelled"})
-        return task.result()
+        if running.stopped:  # the call swallowed the cancel and answered: nothing is left pending
+            task.uncancel()
+        return reply
 
     async def _dispatch(self, caller: Caller, request: jsonrpc.Request, on_progress: OnProgress | None) -> JsonObj:
         """The one call into the dispatcher (its signature is the router's to change).

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from satgate_mcp.jsonrpc import JsonObj
 
@@ -108,6 +108,30 @@ class InputCarrier(Protocol):
     resume: Resume | None
 
     def carry(self, upstream: str, result: JsonObj) -> None: ...
+
+
+#: Verdicts of the structural checks by type: ``isinstance`` against a runtime-checkable Protocol walks
+#: every member on each call (several microseconds), and a call's path asks it several times.
+_RELAY_TYPES: dict[type, bool] = {}
+_CARRIER_TYPES: dict[type, bool] = {}
+
+
+def is_relay(value: object) -> TypeGuard[Relay]:
+    """``isinstance(value, Relay)``, decided once per type (relays set their attributes in ``__init__``)."""
+    return _verdict(_RELAY_TYPES, Relay, value)
+
+
+def is_input_carrier(value: object) -> TypeGuard[InputCarrier]:
+    """``isinstance(value, InputCarrier)``, decided once per type, like ``is_relay``."""
+    return _verdict(_CARRIER_TYPES, InputCarrier, value)
+
+
+def _verdict(cache: dict[type, bool], protocol: Any, value: object) -> bool:
+    kind = type(value)
+    verdict = cache.get(kind)
+    if verdict is None:
+        verdict = cache[kind] = isinstance(value, protocol)
+    return verdict
 
 
 #: The handshake may take longer than a tool call's timeout: a cold child (node, python) needs seconds to start.

@@ -21,7 +21,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import InputCarrier, ProgressCallback, Relay, event_within
+from satgate_mcp.upstream.base import ProgressCallback, Relay, event_within, is_input_carrier, is_relay
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     MAX_INPUT_ROUNDS,
@@ -63,7 +63,7 @@ def encode_message(message: JsonObj) -> bytes:
         stripped = strip_client_credentials(params)
         if stripped is not params:
             message = {**message, "params": stripped}
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return jsonrpc.dumps(message)  # compact UTF-8, as json.dumps(ensure_ascii=False) wrote it
 
 
 def moved_on_refusal(asked: str, here: str) -> JsonObj:
@@ -148,7 +148,7 @@ class UpstreamConnection(Generic[SpecT]):
     ) -> JsonObj:
         """``Upstream.request``: within the caller's timeout, else the one configured for this upstream."""
         budget = self._spec.timeout if timeout is None else timeout
-        carrier = on_progress if isinstance(on_progress, InputCarrier) else None
+        carrier = on_progress if is_input_carrier(on_progress) else None
         resume = carrier.resume if carrier is not None else None
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
@@ -158,7 +158,7 @@ class UpstreamConnection(Generic[SpecT]):
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
             return await self._request(method, params, budget, on_progress)
-        params = with_modern_meta(params, on_progress.log_level() if isinstance(on_progress, Relay) else None)
+        params = with_modern_meta(params, on_progress.log_level() if is_relay(on_progress) else None)
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
         reply = await self._request(method, params, budget, on_progress)
@@ -169,7 +169,7 @@ class UpstreamConnection(Generic[SpecT]):
             if carrier is not None:
                 carrier.carry(self.name, result)
                 return reply
-            if not isinstance(on_progress, Relay):
+            if not is_relay(on_progress):
                 return input_refusal(self.name, "the call has no client that could be asked")
             answers = await self._ask_client(on_progress, result)
             if "error" in answers:

@@ -26,7 +26,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.upstream.base import UPSTREAM_READY, NotificationCallback, Pausable, ProgressCallback, Relay
+from satgate_mcp.upstream.base import UPSTREAM_READY, NotificationCallback, Pausable, ProgressCallback, Relay, is_relay
 from satgate_mcp.upstream.wire import (
     LISTEN_ACKNOWLEDGED,
     is_pool_notification,
@@ -52,7 +52,7 @@ class _Route:
 
     @property
     def relay(self) -> Relay | None:
-        return self.callback if isinstance(self.callback, Relay) else None
+        return self.callback if is_relay(self.callback) else None
 
     def hold(self) -> None:
         """A question went to the call's client: the upstream's time stops until it is answered."""
@@ -127,7 +127,7 @@ class Inbox:
         """
         token = f"satgate-{self._name}-{next(self._tokens)}"
         new_params, caller = rewrite_progress_token(params, token)
-        if caller is not None or isinstance(on_progress, Relay):
+        if caller is not None or is_relay(on_progress):
             self._routes[token] = _Route(caller, on_progress)
         return new_params, token
 

@@ -325,14 +325,19 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             self._receive(line)
 
     def _receive(self, line: bytes) -> None:
-        text = line.decode("utf-8", errors="replace").strip()
-        if not text:
+        raw = line.strip()
+        if not raw:
             return
+        value: Any
         try:
-            value: Any = json.loads(text)
-        except ValueError:
-            self._log.warning("upstream_output_not_json", line=clip(text, 500))
-            return
+            value = jsonrpc.loads(raw)  # orjson on the bytes as read; exact for what it would round
+        except ValueError:  # e.g. invalid UTF-8: read as before, with replacement characters
+            text = line.decode("utf-8", errors="replace").strip()
+            try:
+                value = json.loads(text)
+            except ValueError:
+                self._log.warning("upstream_output_not_json", line=clip(text, 500))
+                return
         for message, item in self._sort_incoming(value):
             waiter = self._pending.get(message.id) if isinstance(message.id, int) else None
             if waiter is None or waiter.done():

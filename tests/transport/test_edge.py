@@ -116,6 +116,45 @@ async def test_cancelled_stops_the_named_call_of_that_session_only() -> None:
     assert session.inflight == 0
 
 
+async def test_a_cancelled_call_leaves_its_callers_task_free_to_go_on() -> None:
+    """The call runs in the caller's own task: after the cancel answer, that task is not left cancelling."""
+    pool = FakePool()
+    edge = make_edge(pool)
+    session = open_session(edge)
+
+    async def handler() -> tuple[JsonObj, JsonObj]:
+        cancelled = await edge.run(session, call(7, "block"))
+        await asyncio.sleep(0)  # the answer is written after awaits like this one
+        return cancelled, await edge.run(session, call(8, "echo"))
+
+    running = asyncio.ensure_future(handler())
+    await pool.started.wait()
+    edge.on_notification(session, jsonrpc.Notification("notifications/cancelled", {"requestId": 7}))
+    cancelled, after = await running
+    assert cancelled["error"]["code"] == jsonrpc.REQUEST_CANCELLED
+    assert text_of(after) == "echo"
+    assert edge.limiter.in_flight == 0
+
+
+async def test_a_cancel_from_outside_the_call_still_cancels_its_caller() -> None:
+    """A handler cancelled from outside (its client went away) is not turned into an answer, even when the
+    client's own cancel arrived too."""
+    pool = FakePool()
+    edge = make_edge(pool)
+    session = open_session(edge)
+    for also_by_client in (False, True):
+        pool.started.clear()
+        running = asyncio.ensure_future(edge.run(session, call(7, "block")))
+        await pool.started.wait()
+        if also_by_client:
+            edge.on_notification(session, jsonrpc.Notification("notifications/cancelled", {"requestId": 7}))
+        running.cancel()
+        await asyncio.wait([running])
+        assert running.cancelled()
+        assert session.inflight == 0
+        assert edge.limiter.in_flight == 0
+
+
 async def test_a_refused_credential_is_counted_and_answered_401() -> None:
     metrics = Metrics()
     edge = make_edge(FakePool(), authenticator=StaticTokenAuthenticator("s3cret"), metrics=metrics)
@@ -125,3 +164,20 @@ async def test_a_refused_credential_is_counted_and_answered_401() -> None:
     assert metrics.registry.get_sample_value("satgate_refusals_total", {"reason": "invalid"}) == 1
     accepted = await edge.principal(make_mocked_request("POST", "/mcp", headers={"Authorization": "Bearer s3cret"}))
     assert accepted == Principal("s3cret", Identity(token_id="static"))
+
+
+async def test_the_host_and_origin_guard_decides_each_pair_of_values_on_its_own() -> None:
+    """Verdicts are kept per (Host, Origin): a pair seen before never lets another pair through."""
+    edge = make_edge(FakePool())
+
+    def verdict(host: str, origin: str | None = None) -> str | None:
+        headers = {"Host": host, **({"Origin": origin} if origin is not None else {})}
+        refusal = edge.check_host_origin(make_mocked_request("POST", "/mcp", headers=headers))
+        return None if refusal is None else refusal.error
+
+    for _ in range(2):
+        assert verdict("127.0.0.1:8080") is None
+        assert verdict("127.0.0.1:8080", "http://localhost:3000") is None
+        assert verdict("127.0.0.1:8080", "https://evil.example") == "origin_not_allowed"
+        assert verdict("evil.example:8080") == "host_not_allowed"
+        assert verdict("evil.example:8080", "http://localhost:3000") == "host_not_allowed"

@@ -246,6 +246,31 @@ async def test_stderr_goes_to_the_log_and_non_json_output_is_skipped(
     assert any(e["event"] == "upstream_output_not_json" and e["upstream"] == "raw" for e in logs)
 
 
+async def test_replies_are_read_exactly_even_with_bad_utf8_or_integers_beyond_64_bits(
+    publisher: RecordingPublisher, metrics: Metrics
+) -> None:
+    """The fast decoder must not change what is read: invalid UTF-8 still becomes U+FFFD, a long integer stays exact."""
+    script = ("import sys, json\n"
+              "for line in sys.stdin:\n"
+              "    msg = json.loads(line)\n"
+              "    if 'id' not in msg: continue\n"
+              "    result = {'protocolVersion': '2025-06-18', 'capabilities': {}, 'serverInfo': {'name': 'raw'},\n"
+              "              'big': 123456789012345678901234567890}\n"
+              "    out = json.dumps({'jsonrpc': '2.0', 'id': msg['id'], 'result': result}).encode()\n"
+              "    if msg['method'] == 'ping': out = out.replace(b'raw', b'r\\xffw')\n"
+              "    sys.stdout.buffer.write(out + b'\\n'); sys.stdout.flush()\n")
+    spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", script], timeout=5)
+    upstream = StdioUpstream("raw", spec, publisher=publisher, metrics=metrics)
+    await upstream.start(Recorder().on_notification)
+    try:
+        assert await upstream.wait_ready(READY)
+        result = (await upstream.request("ping", None))["result"]
+    finally:
+        await upstream.close()
+    assert result["serverInfo"]["name"] == "r\ufffdw"
+    assert result["big"] == 123456789012345678901234567890
+
+
 async def test_close_leaves_no_process_behind(publisher: RecordingPublisher, metrics: Metrics) -> None:
     upstream = make(publisher=publisher, metrics=metrics)
     await upstream.start(Recorder().on_notification)
