@@ -11,15 +11,13 @@ error.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
 from collections.abc import Callable
 
 from aiohttp import web
 
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.transport.edge import json_answer, sse_event
-from satgate_mcp.transport.replay import RETRY_MS, CallLog, ReplayBook
+from satgate_mcp.transport.replay import RETRY_MS, CallLog, ReplayBook, new_stream_id
 from satgate_mcp.transport.rules import reply_status
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
@@ -52,7 +50,7 @@ class CallStream:
         self._quiet_since = 0.0
         self._log: CallLog | None = replay.open(session_id) if (replay is not None and event_ids) else None
         self._replay = replay
-        self._stream_id = self._log.stream_id if self._log is not None else secrets.token_hex(8)
+        self._stream_id = self._log.stream_id if self._log is not None else new_stream_id()
         self._events = 0
         self._response: web.StreamResponse | None = None
         self._lock = asyncio.Lock()
@@ -74,16 +72,22 @@ class CallStream:
         """An id with no data, and how long to wait before reconnecting: what a resumption starts from."""
         return f"id: {self._stream_id}-0\nretry: {RETRY_MS}\ndata: \n\n".encode()
 
-    async def _open(self) -> web.StreamResponse:
+    async def _open(self, first: JsonObj | None = None, *, end: bool = False) -> web.StreamResponse:
+        """Prepare the stream; its opening (priming event, owed notices, ``first``) goes out in one write,
+        with the stream's end too when ``end`` (a quick call's whole answer). Frames are kept before any I/O."""
         if self._response is None:
+            head = self._priming() if self._event_ids else b""
+            head += b"".join(self._frame(note) for note in self._owed())
+            if first is not None:
+                head += self._frame(first)
             response = web.StreamResponse(headers={**self._headers, **SSE_HEADERS})
             await response.prepare(self._request)
             self._response = response
             self._quiet_since = asyncio.get_running_loop().time()
-            if self._event_ids:
-                await response.write(self._priming())
-            for note in self._owed():
-                await self._write(self._frame(note))
+            if end:
+                await response.write_eof(head)
+            elif head:
+                await response.write(head)
         return self._response
 
     async def _write(self, frame: bytes, *, event: bool = True) -> None:
@@ -106,12 +110,13 @@ class CallStream:
         async with self._lock:
             if self.gone and self._log is None:
                 return False
-            try:
-                if self._response is None and not self.gone:
-                    await self._open()
-            except _WRITE_ERRORS:
-                self.gone = True
-            await self._write(self._frame(message))
+            if self._response is None and not self.gone:
+                try:
+                    await self._open(message)
+                except _WRITE_ERRORS:
+                    self.gone = True
+            else:
+                await self._write(self._frame(message))
             return not self.gone or self._log is not None
 
     async def pause(self) -> None:
@@ -164,17 +169,24 @@ class CallStream:
                         refused or not (self._stream_quiet or self._owes())):
                     delivered = True
                     return json_answer(reply, status, headers={**self._headers, **extra})
-                with contextlib.suppress(*_WRITE_ERRORS):
+                if self._response is None and not self.gone:
+                    try:
+                        await self._open(reply, end=True)
+                        delivered = True
+                    except _WRITE_ERRORS:
+                        self.gone = True
+                else:
+                    frame = self._frame(reply)  # kept for a resumption even when the client is gone
+                    transport = self._request.transport
+                    if transport is None or transport.is_closing():  # write_eof would not say so
+                        self.gone = True
                     if not self.gone:
-                        await self._open()
-                frame = self._frame(reply)
-                if not self.gone:
-                    await self._write(frame)
-                    if not self.gone:
-                        with contextlib.suppress(*_WRITE_ERRORS):
+                        try:
                             assert self._response is not None
-                            await self._response.write_eof()
-                        delivered = not self.gone
+                            await self._response.write_eof(frame)
+                            delivered = True
+                        except _WRITE_ERRORS:
+                            self.gone = True
                 if self._response is None:  # the client was gone before anything was written
                     return web.Response(status=status, headers=self._headers)
                 return self._response

@@ -11,6 +11,7 @@ only to the session it belongs to.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 from collections import OrderedDict
@@ -21,11 +22,23 @@ from dataclasses import dataclass, field
 MAX_EVENTS = 1000
 #: How long the end of a stream whose client was gone at the end stays resumable.
 RETAIN_SECONDS = 120.0
-#: Finished-but-undelivered streams kept per process; the oldest go first.
+#: A stream written to its end may still be lost on the way (the client's side of the connection broke first):
+#: it stays resumable this long.
+DELIVERED_RETAIN_SECONDS = 5.0
+#: Ended streams kept per process, and the bytes they may hold.
 MAX_RETAINED = 1000
+MAX_RETAINED_BYTES = 64 * 1024 * 1024
 #: What a client waits before reconnecting (the SSE ``retry`` field, milliseconds).
 RETRY_MS = 500
 _HEX = frozenset("0123456789abcdef")
+#: This process's stream ids: a random prefix (unique across processes) and a count (no system call per stream).
+#: They need not be secret: a stream is replayed only to its own session.
+_PREFIX = secrets.token_hex(6)
+_COUNT = itertools.count(1)
+
+
+def new_stream_id() -> str:
+    return f"{_PREFIX}{next(_COUNT):x}"
 
 
 def parse_event_id(value: str | None) -> tuple[str, int] | None:
@@ -46,13 +59,15 @@ class CallLog:
     stream_id: str
     #: (n, the whole SSE frame as written)
     events: list[tuple[int, bytes]] = field(default_factory=list)
+    size: int = 0
     done: bool = False
     _more: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, number: int, frame: bytes) -> None:
         self.events.append((number, frame))
+        self.size += len(frame)
         if len(self.events) > MAX_EVENTS:
-            del self.events[0]
+            self.size -= len(self.events.pop(0)[1])
         self._wake()
 
     def end(self) -> None:
@@ -76,31 +91,34 @@ class CallLog:
 
 
 class ReplayBook:
-    """This process's resumable call streams: running ones, and ended ones whose client missed the end."""
+    """This process's resumable call streams: running ones, and ended ones kept a while for a late resumption."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._running: dict[str, CallLog] = {}
-        #: stream id -> (log, when it stops being resumable), oldest first
-        self._retained: OrderedDict[str, tuple[CallLog, float]] = OrderedDict()
+        #: delivered or not -> stream id -> (log, when it stops being resumable); each oldest first, one TTL each
+        self._kept: dict[bool, OrderedDict[str, tuple[CallLog, float]]] = {True: OrderedDict(), False: OrderedDict()}
+        self._kept_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._running) + len(self._retained)
+        return len(self._running) + sum(len(kept) for kept in self._kept.values())
 
     def open(self, session_id: str) -> CallLog:
-        log = CallLog(session_id, secrets.token_hex(8))
+        log = CallLog(session_id, new_stream_id())
         self._running[log.stream_id] = log
         return log
 
     def close(self, log: CallLog, *, delivered: bool) -> None:
-        """The call ended; a stream whose client got the end needs no resumption, others stay a while."""
+        """The call ended; its stream stays resumable a while: briefly when its end was written, else longer."""
         log.end()
         self._running.pop(log.stream_id, None)
         self._expire()
-        if not delivered:
-            self._retained[log.stream_id] = (log, self._clock() + RETAIN_SECONDS)
-            while len(self._retained) > MAX_RETAINED:
-                self._retained.popitem(last=False)
+        ttl = DELIVERED_RETAIN_SECONDS if delivered else RETAIN_SECONDS
+        self._kept[delivered][log.stream_id] = (log, self._clock() + ttl)
+        self._kept_bytes += log.size
+        while self._kept_bytes > MAX_RETAINED_BYTES or len(self) - len(self._running) > MAX_RETAINED:
+            # the delivered ones go first: their client most likely read them
+            self._drop_oldest(self._kept[True] or self._kept[False])
 
     def find(self, session_id: str, last_event_id: str | None) -> tuple[CallLog, int] | None:
         """The stream a ``Last-Event-ID`` resumes, and its cursor; never another session's stream."""
@@ -110,17 +128,19 @@ class ReplayBook:
         stream_id, number = parsed
         self._expire()
         log = self._running.get(stream_id)
-        if log is None:
-            kept = self._retained.get(stream_id)
-            log = kept[0] if kept is not None else None
+        for kept in self._kept.values():
+            if log is None and stream_id in kept:
+                log = kept[stream_id][0]
         if log is None or log.session_id != session_id or not log.resumable_after(number):
             return None
         return log, number
 
+    def _drop_oldest(self, kept: OrderedDict[str, tuple[CallLog, float]]) -> None:
+        _, (log, _) = kept.popitem(last=False)
+        self._kept_bytes -= log.size
+
     def _expire(self) -> None:
         now = self._clock()
-        while self._retained:
-            stream_id, (_, until) = next(iter(self._retained.items()))
-            if until > now:
-                break
-            del self._retained[stream_id]
+        for kept in self._kept.values():
+            while kept and next(iter(kept.values()))[1] <= now:
+                self._drop_oldest(kept)

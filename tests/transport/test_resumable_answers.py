@@ -22,7 +22,14 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport.replay import MAX_EVENTS, RETRY_MS, ReplayBook, parse_event_id
+from satgate_mcp.transport.replay import (
+    DELIVERED_RETAIN_SECONDS,
+    MAX_EVENTS,
+    RETAIN_SECONDS,
+    RETRY_MS,
+    ReplayBook,
+    parse_event_id,
+)
 from satgate_mcp.upstream.wire import SseDecoder, SseEvent
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
@@ -150,19 +157,6 @@ async def test_a_client_that_lost_its_stream_mid_call_resumes_it_and_gets_the_an
     assert "result" in json.loads(events[0].data)
 
 
-async def test_a_stream_delivered_to_its_end_is_not_kept_for_resumption(gw: Client) -> None:
-    session = await gw.initialize()
-    call = await gw.post(session, call_tool(9, "echo"))
-    answer = next(e for e in decode(await call.read()) if e.data.strip())
-    assert answer.id is not None
-
-    resumed = await gw.resume(session, answer.id)
-
-    [priming] = await read_events(resumed, 1)  # the session's own stream, not a replay
-    resumed.close()
-    assert priming.id == "0"
-
-
 async def test_attack_another_session_cannot_resume_a_stream_it_learned_the_id_of(gw: Client) -> None:
     owner, thief = await gw.initialize(), await gw.initialize()
     call = await gw.post(owner, call_tool(10, "block"))
@@ -216,7 +210,7 @@ def test_event_ids_parse_strictly(value: str | None, parsed: tuple[str, int] | N
     assert parse_event_id(value) == parsed
 
 
-async def test_the_book_keeps_an_undelivered_end_for_a_while_and_a_delivered_one_not_at_all() -> None:
+async def test_the_book_keeps_a_delivered_end_briefly_and_an_undelivered_one_longer() -> None:
     clock = FakeClock()
     book = ReplayBook(clock=clock)
     delivered, missed = book.open("s1"), book.open("s1")
@@ -224,12 +218,31 @@ async def test_the_book_keeps_an_undelivered_end_for_a_while_and_a_delivered_one
         log.add(1, b"id: x-1\ndata: {}\n\n")
     book.close(delivered, delivered=True)
     book.close(missed, delivered=False)
+    assert book.find("s1", f"{delivered.stream_id}-0") == (delivered, 0)  # written is not yet read
+    assert book.find("s2", f"{missed.stream_id}-0") is None
+    clock.advance(DELIVERED_RETAIN_SECONDS + 1)
     assert book.find("s1", f"{delivered.stream_id}-0") is None
     assert book.find("s1", f"{missed.stream_id}-0") == (missed, 0)
-    assert book.find("s2", f"{missed.stream_id}-0") is None
-    clock.advance(121)
+    clock.advance(RETAIN_SECONDS)
     assert book.find("s1", f"{missed.stream_id}-0") is None
     assert len(book) == 0
+
+
+async def test_the_book_holds_a_bounded_number_of_bytes_dropping_delivered_streams_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from satgate_mcp.transport import replay
+
+    monkeypatch.setattr(replay, "MAX_RETAINED_BYTES", 100)
+    book = ReplayBook(clock=FakeClock())
+    missed, delivered, big = book.open("s"), book.open("s"), book.open("s")
+    for log, size in ((missed, 40), (delivered, 40), (big, 40)):
+        log.add(1, b"x" * size)
+    book.close(missed, delivered=False)
+    book.close(delivered, delivered=True)
+    book.close(big, delivered=False)  # 120 bytes kept: over the bound
+    assert book.find("s", f"{delivered.stream_id}-0") is None
+    assert book.find("s", f"{missed.stream_id}-0") == (missed, 0)
+    assert book.find("s", f"{big.stream_id}-0") == (big, 0)
 
 
 async def test_a_log_gives_what_came_after_a_cursor_then_says_when_it_ended() -> None:
