@@ -72,23 +72,24 @@ class CallStream:
         """An id with no data, and how long to wait before reconnecting: what a resumption starts from."""
         return f"id: {self._stream_id}-0\nretry: {RETRY_MS}\ndata: \n\n".encode()
 
-    async def _open(self, first: JsonObj | None = None, *, end: bool = False) -> web.StreamResponse:
-        """Prepare the stream; its opening (priming event, owed notices, ``first``) goes out in one write,
-        with the stream's end too when ``end`` (a quick call's whole answer). Frames are kept before any I/O."""
+    async def _open(self, first: JsonObj | None = None) -> web.StreamResponse:
+        """Prepare the stream; its opening (priming event, owed notices, ``first``) goes out in one write.
+        Frames are kept before any I/O."""
         if self._response is None:
-            head = self._priming() if self._event_ids else b""
-            head += b"".join(self._frame(note) for note in self._owed())
-            if first is not None:
-                head += self._frame(first)
+            head = self._head(first)
             response = web.StreamResponse(headers={**self._headers, **SSE_HEADERS})
             await response.prepare(self._request)
             self._response = response
             self._quiet_since = asyncio.get_running_loop().time()
-            if end:
-                await response.write_eof(head)
-            elif head:
+            if head:
                 await response.write(head)
         return self._response
+
+    def _head(self, first: JsonObj | None) -> bytes:
+        """A stream's opening: the priming event, the notices owed, then ``first`` (kept for a resumption)."""
+        head = self._priming() if self._event_ids else b""
+        head += b"".join(self._frame(note) for note in self._owed())
+        return head + self._frame(first) if first is not None else head
 
     async def _write(self, frame: bytes, *, event: bool = True) -> None:
         """Write to the client unless it is gone; the frame is already kept for a resumption.
@@ -170,11 +171,9 @@ class CallStream:
                     delivered = True
                     return json_answer(reply, status, headers={**self._headers, **extra})
                 if self._response is None and not self.gone:
-                    try:
-                        await self._open(reply, end=True)
-                        delivered = True
-                    except _WRITE_ERRORS:
-                        self.gone = True
+                    # Nothing written yet: the whole stream is known, so it goes as one plain response (no chunks).
+                    delivered = True
+                    return web.Response(body=self._head(reply), headers={**self._headers, **SSE_HEADERS})
                 else:
                     frame = self._frame(reply)  # kept for a resumption even when the client is gone
                     transport = self._request.transport
