@@ -59,7 +59,7 @@ def systemd_fds(environ: Mapping[str, str], pid: int) -> list[InheritedFd]:
     ``LISTEN_PID`` must name us: variables inherited from a socket-activated parent are not ours.
     """
     listen_pid, listen_fds = environ.get("LISTEN_PID", "").strip(), environ.get("LISTEN_FDS", "").strip()
-    if not (listen_pid.isdigit() and listen_fds.isdigit()) or int(listen_pid) != pid:
+    if not all(v.isascii() and v.isdigit() for v in (listen_pid, listen_fds)) or int(listen_pid) != pid:
         return []
     count = int(listen_fds)
     names = environ["LISTEN_FDNAMES"].split(":") if "LISTEN_FDNAMES" in environ else []

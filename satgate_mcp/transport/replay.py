@@ -46,7 +46,8 @@ def parse_event_id(value: str | None) -> tuple[str, int] | None:
     if not value or len(value) > 64:
         return None
     stream, sep, number = value.rpartition("-")
-    if not sep or not stream or not _HEX.issuperset(stream) or not number.isdigit() or len(number) > 9:
+    if (not sep or not stream or not _HEX.issuperset(stream) or not number.isascii() or not number.isdigit()
+            or len(number) > 9):
         return None
     return stream, int(number)
 

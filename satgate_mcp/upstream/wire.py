@@ -372,6 +372,6 @@ class SseDecoder:
             self._event = value
         elif name == "id" and "\0" not in value:
             self._last_id = value
-        elif name == "retry" and value.isdigit():
+        elif name == "retry" and value.isascii() and value.isdigit():
             self.retry_ms = int(value)
         return None

@@ -42,6 +42,7 @@ PID = 4242
         pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "0"}, [], id="zero-fds"),
         pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "-1"}, [], id="negative-fds"),
         pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "x"}, [], id="garbage-fds"),
+        pytest.param({"LISTEN_PID": str(PID), "LISTEN_FDS": "\u00b2"}, [], id="a-superscript-is-no-count"),
     ],
 )
 def test_systemd_fds_are_used_only_when_meant_for_this_process(

@@ -202,6 +202,8 @@ async def test_an_unknown_last_event_id_opens_the_sessions_own_stream(gw: Client
         ("abcd--1", None),
         ("abcd-1e3", None),
         ("abcd-1234567890", None),
+        ("abcd-\u00b2", None),  # a digit to str.isdigit, not to int()
+        ("abcd-\u0661", None),
         (None, None),
         ("x" * 70 + "-1", None),
     ],

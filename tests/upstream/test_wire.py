@@ -230,3 +230,16 @@ def test_a_stdio_command_that_cannot_start_is_named_at_start(
         assert found is not None
         assert found.startswith("upstream 'fs': ")
         assert problem in found
+
+
+@pytest.mark.parametrize(("line", "retry_ms"), [
+    pytest.param("retry: 250", 250, id="milliseconds"),
+    pytest.param("retry: \u00b2", None, id="superscript-is-no-number"),
+    pytest.param("retry: -1", None, id="negative-ignored"),
+    pytest.param("retry: soon", None, id="words-ignored"),
+])
+def test_a_streams_retry_field_is_read_only_when_it_is_ascii_digits(line: str, retry_ms: int | None) -> None:
+    decoder = SseDecoder()
+    events = decoder.feed(f"{line}\ndata: x\n\n".encode())
+    assert [e.data for e in events] == ["x"]
+    assert decoder.retry_ms == retry_ms
