@@ -23,6 +23,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import Origin, SubscriptionTable
 from satgate_mcp.transport import rules
+from satgate_mcp.transport.callstream import SSE_HEADERS
 from satgate_mcp.transport.edge import Edge, refusal_answer
 from satgate_mcp.transport.replay import CallLog, ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Refusal
@@ -192,9 +193,7 @@ class StandaloneStream:
 
         Not the session's own stream (no 409 with it open): it ends with the call.
         """
-        response = web.StreamResponse(headers={
-            SESSION_HEADER: session.id, "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(headers={SESSION_HEADER: session.id, **SSE_HEADERS})
         cursor = after
         try:
             await response.prepare(request)
@@ -216,9 +215,7 @@ class StandaloneStream:
 
     async def _serve(self, request: web.Request, stream: OpenStream) -> web.StreamResponse:
         session = stream.session
-        response = web.StreamResponse(headers={
-            SESSION_HEADER: session.id, "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(headers={SESSION_HEADER: session.id, **SSE_HEADERS})
         try:
             await response.prepare(request)
             if session.protocol_version >= PRIMING_SINCE:

@@ -8,7 +8,6 @@ ones never charged. Open: calls are admitted unmetered and counted.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import time
 from pathlib import Path
@@ -20,16 +19,13 @@ from aiohttp.test_utils import TestClient
 from pydantic import SecretStr
 from pytest_aiohttp import AiohttpClient
 
-from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.settings import Settings
 from satgate_mcp.state import LocalState
 from satgate_mcp.state.sqlite import DB_NAME
-from tests.answers import read_answer
 from tests.fakes import FakeClock, FakePool
+from tests.limits_http.test_store_faults import TOKEN, echo, rpc, session_of
 
-TOKEN = "state-fault-static-token-0123456789"
-VERSION = "2025-11-25"
 STORE_TIMEOUT = 0.5
 RECOVERY = 3.0
 POLL_PAUSE = 0.05
@@ -41,34 +37,6 @@ async def gateway(aiohttp_client: AiohttpClient, state_dir: Path, **overrides: A
     settings = Settings(auth_mode="config", static_token=SecretStr(TOKEN), state_dir=str(state_dir),
                         redis_timeout=STORE_TIMEOUT, budgets={"static": 100.0}, enforcement="control", **overrides)
     return await aiohttp_client(create_app(settings, pool=FakePool()))
-
-
-def headers(session: str | None) -> dict[str, str]:
-    sent = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": VERSION}
-    if session is not None:
-        sent["Mcp-Session-Id"] = session
-    return sent
-
-
-async def session_of(client: Client) -> str:
-    body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
-                                                     "clientInfo": {"name": "t", "version": "1"}})
-    resp = await client.post("/mcp", data=json.dumps(body), headers=headers(None))
-    assert resp.status == 200
-    return resp.headers["Mcp-Session-Id"]
-
-
-async def rpc(client: Client, session: str, request_id: int, method: str,
-              params: dict[str, Any] | None = None) -> tuple[int, dict[str, str], Any, float]:
-    started = time.monotonic()
-    resp = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(request_id, method, params)),
-                             headers=headers(session))
-    return resp.status, dict(resp.headers), await read_answer(resp), time.monotonic() - started
-
-
-def echo(text: str) -> dict[str, Any]:
-    return {"name": "echo", "arguments": {"text": text}}
 
 
 async def readyz(client: Client) -> tuple[int, str]:
