@@ -169,7 +169,15 @@ header_values = st.binary(max_size=120).map(lambda raw: raw.replace(b"\r", b"").
 header_lines = st.lists(st.tuples(st.sampled_from([b"Authorization", b"Origin", b"Mcp-Session-Id",
                                                    b"MCP-Protocol-Version"]), header_values),
                         max_size=3).map(lambda pairs: b"".join(name + b": " + value + b"\r\n" for name, value in pairs))
-bearer_lines = tokens.map(lambda token: b"Authorization: Bearer " + token.encode("utf-8", "surrogateescape") + b"\r\n")
+def header_bytes(token: str) -> bytes:
+    """The token's bytes on the wire: raw bytes back for a surrogate-escaped token, any other lone surrogate as is."""
+    try:
+        return token.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return token.encode("utf-8", "surrogatepass")
+
+
+bearer_lines = tokens.map(lambda token: b"Authorization: Bearer " + header_bytes(token) + b"\r\n")
 
 
 @pytest.fixture(params=["none", "config", "header"])
