@@ -8,10 +8,13 @@ with the same processors, so every line on stdout has one shape.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import sys
+import threading
 import time
+from asyncio import events as asyncio_events
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -166,6 +169,65 @@ def _render_json(_logger: Any, _name: str, event_dict: EventDict) -> bytes:
     return orjson.dumps(event_dict, default=_orjson_default, option=orjson.OPT_NON_STR_KEYS)
 
 
+class LineSink:
+    """JSON lines for one binary stream, written once per turn of the event loop rather than once per line.
+
+    A call logs a few lines (its request line, its events) within a turn or two; one write and flush
+    for all of them costs a system call where there were several. Outside the event loop's thread
+    (start-up, the state worker, shutdown) a line is written at once, after any still pending, so
+    nothing is reordered and nothing waits. ``flush`` also runs at interpreter exit.
+    """
+
+    __slots__ = ("_armed", "_file", "_lock", "_pending")
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._pending: list[bytes] = []
+        self._armed = False
+        self._lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def write(self, line: bytes) -> None:
+        loop = asyncio_events._get_running_loop()
+        with self._lock:
+            self._pending.append(line)
+            if loop is None:
+                self._write_pending()
+            elif not self._armed:
+                self._armed = True
+                loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._armed = False
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        lines, self._pending = self._pending, []
+        if lines:
+            try:
+                self._file.write(b"".join(lines))
+                self._file.flush()
+            except (OSError, ValueError):  # stdout closed or gone: a log line must never take the daemon down
+                pass
+
+
+class SinkLogger:
+    """structlog's logger for rendered JSON lines: each goes to the shared ``LineSink``."""
+
+    __slots__ = ("_sink", "name")
+
+    def __init__(self, sink: LineSink, name: str | None) -> None:
+        self._sink = sink
+        self.name = name
+
+    def msg(self, message: bytes) -> None:
+        self._sink.write(message + b"\n")
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
 class _NamedWriteLogger(structlog.WriteLogger):
     """A text logger (console format) that remembers the name it was asked for."""
 
@@ -181,10 +243,10 @@ def configure_logging(settings: Settings) -> None:
     stream = sys.stdout
     tail: list[Processor] = [LineProcessor()]
     if use_json:
-        binary = stream.buffer
+        sink = LineSink(stream.buffer)
 
         def logger_factory(*args: Any) -> Any:
-            return structlog.BytesLogger(binary, name=args[0] if args else None)
+            return SinkLogger(sink, args[0] if args else None)
 
         tail.append(_render_json)
         foreign_renderer: Processor = structlog.processors.JSONRenderer()

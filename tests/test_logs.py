@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import logging
 import re
@@ -19,7 +21,7 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import StaticTokenAuthenticator
 from satgate_mcp.events import LogPublisher
-from satgate_mcp.logs import REDACTED, configure_logging, redact_secrets
+from satgate_mcp.logs import REDACTED, LineSink, configure_logging, redact_secrets
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport.middleware import logs_request, metric_label
 from tests.fakes import AllowAllPolicy, FakePool
@@ -186,3 +188,44 @@ async def test_access_log_health_false_drops_probe_lines_but_counts_them(aiohttp
 def test_metric_labels_stay_a_bounded_set(rpc_method: str | None, http_method: str, label: str) -> None:
     assert metric_label(rpc_method, http_method) == label
 
+
+
+class Stream(io.BytesIO):
+    """A binary stream that counts its writes (system calls, for a real stdout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: Any) -> int:
+        self.writes += 1
+        return super().write(data)
+
+
+async def test_lines_logged_in_one_turn_of_the_loop_go_out_in_one_write_in_order() -> None:
+    stream = Stream()
+    sink = LineSink(stream)
+    for n in range(5):
+        sink.write(b'{"n":%d}\n' % n)
+    assert stream.getvalue() == b""  # not yet: the turn is not over
+    await asyncio.sleep(0)  # the loop turns once: the flush it was handed runs
+    assert stream.getvalue() == b"".join(b'{"n":%d}\n' % n for n in range(5))
+    assert stream.writes == 1
+
+
+async def test_a_line_from_another_thread_is_written_at_once_after_the_pending_ones() -> None:
+    stream = Stream()
+    sink = LineSink(stream)
+    sink.write(b"loop\n")
+    await asyncio.to_thread(sink.write, b"worker\n")
+    assert stream.getvalue() == b"loop\nworker\n"
+
+
+def test_outside_the_loop_a_line_is_written_at_once_and_a_closed_stream_is_no_crash() -> None:
+    stream = Stream()
+    sink = LineSink(stream)
+    sink.write(b"start\n")
+    assert stream.getvalue() == b"start\n"
+    stream.close()
+    sink.write(b"after close\n")  # a log line must never take the daemon down
+    sink.flush()

@@ -20,7 +20,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from enum import StrEnum
 from functools import partial
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import orjson
 
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 
@@ -119,9 +121,13 @@ def duplicate_key(token_id: str, session_id: str, request_id: RequestId, params:
     callers can never collide, whatever session ids a transport hands in.
     """
     body = {k: v for k, v in (params or {}).items() if k != "_meta"}
-    blob = json.dumps([token_id, session_id, request_id, body], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    parts = [token_id, session_id, request_id, body]
+    try:
+        # The same bytes as the json.dumps below for everything orjson encodes, in a tenth of the time.
+        blob = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers past 64 bits and other values orjson refuses: the exact encoding
+        blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 class DuplicateStore(Protocol):
@@ -133,6 +139,14 @@ class DuplicateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class WritesBehind(Protocol):
+    """A duplicate store that can apply a transition whose answer nobody waits for, in order with the
+    operations asked for before it: a settled call's answer need not wait for its record."""
+
+    def apply_behind(self, key: str, table: Table) -> None: ...
 
 
 class MemoryDuplicateStore:
@@ -157,6 +171,12 @@ class MemoryDuplicateStore:
         return entry[0] if entry else None
 
     async def apply(self, key: str, table: Table) -> str:
+        return self._apply(key, table)
+
+    def apply_behind(self, key: str, table: Table) -> None:
+        self._apply(key, table)
+
+    def _apply(self, key: str, table: Table) -> str:
         now = self._clock()
         self._expire(now)
         entry = self._records.get(key)

@@ -33,8 +33,10 @@ from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.admissions import Admissions, ChargeAsk
 from satgate_mcp.policy.budget import (
     BudgetStore,
+    Charge,
     MemoryBudgetStore,
     initial_limit,
     resolve_cost,
@@ -48,6 +50,7 @@ from satgate_mcp.policy.duplicates import (
     Arrival,
     DuplicateStore,
     MemoryDuplicateStore,
+    WritesBehind,
     duplicate_key,
 )
 from satgate_mcp.policy.limits import (
@@ -129,6 +132,7 @@ class Parts(TypedDict, total=False):
     rate_limiter: RateLimiter | None
     budgets: BudgetStore | None
     duplicates: DuplicateStore | None
+    admissions: Admissions | None
     max_delegation_depth: int
     duplicate_ttl: float
     new_id: Callable[[], str]
@@ -158,6 +162,7 @@ class CallPolicy:
         rate_limiter: RateLimiter | None = None,
         budgets: BudgetStore | None = None,
         duplicates: DuplicateStore | None = None,
+        admissions: Admissions | None = None,
         max_delegation_depth: int = DEFAULT_MAX_DEPTH,
         duplicate_ttl: float = DUPLICATE_TTL_SECONDS,
         new_id: Callable[[], str] = lambda: secrets.token_hex(12),
@@ -169,6 +174,7 @@ class CallPolicy:
         ``default_cost``) are charged to budgets that start at the caveat's limit or the operator's
         ``operator_budgets`` entry; ``enforcement`` is ``"control"`` (refuse) or ``"observe"``
         (charge and report). ``root_key`` mints delegated children; None refuses delegation.
+        ``admissions``, when the stores can, takes a guarded call's arrival and charge in one operation.
         ``store_timeout`` is the store time one call may spend in all (None: unbounded)."""
         self._publisher = publisher
         self._metrics = metrics
@@ -184,6 +190,10 @@ class CallPolicy:
         self._budgets: BudgetStore = MemoryBudgetStore(clock=clock) if budgets is None else budgets
         self._duplicates: DuplicateStore = (MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
                                             if duplicates is None else duplicates)
+        self._admissions = admissions
+        # Decided once: an isinstance check on a runtime protocol costs more than the call it picks.
+        self._records_behind: WritesBehind | None = (self._duplicates if isinstance(self._duplicates, WritesBehind)
+                                                     else None)
         self._delegator = Delegator(root_key=root_key, budgets=self._budgets, operator_budgets=operator_budgets,
                                     publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
                                     verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
@@ -209,7 +219,7 @@ class CallPolicy:
                      "store_timeout": settings.redis_timeout, **parts}
         elif state is not None:
             # The state database gets the same bound: a locked or failing file must not hang a call either.
-            parts = {"budgets": state.budgets, "duplicates": state.duplicates,
+            parts = {"budgets": state.budgets, "duplicates": state.duplicates, "admissions": state.admissions,
                      "store_timeout": settings.redis_timeout, **parts}
         root_key = settings.root_key if settings.auth_mode == "header" else None
         return cls(
@@ -270,6 +280,8 @@ class CallPolicy:
         shared = self._in_flight.open(key)
         admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared, store_time=store_time)
         try:
+            if self._admissions is not None:
+                return await self._arrive(self._admissions, admission, cost, limit)
             arrival = await store_time.run(lambda: self._duplicates.apply(key, ARRIVAL))
             admission.role = ROLE_ON_ARRIVAL[Arrival(arrival)]
             if admission.role is Role.REPLAY:
@@ -282,6 +294,21 @@ class CallPolicy:
             else:
                 await self._close(admission, Outcome.REFUSED)
             raise
+
+    async def _arrive(self, admissions: Admissions, admission: Admission, cost: float, limit: float | None
+                      ) -> Admission:
+        """The same steps as the general path, in one store operation. A refused charge leaves the role
+        LEADING: the store already took its record back, so closing it only lets the shared call go."""
+        key = admission.duplicate_key
+        assert key is not None
+        ask = ChargeAsk(admission.identity.budget_key, cost, limit, self._enforce)
+        arrived = await admission.store_time.run(lambda: admissions.arrive(key, ask))
+        if arrived.charge is None:
+            admission.role = Role.REPLAY
+            return self._free(admission, cost, arrived.remaining)
+        if arrived.charge.allowed:
+            admission.role = ROLE_ON_ARRIVAL[arrived.arrival]
+        return self._take(admission, cost, arrived.charge)
 
     def _tidy(self, admission: Admission) -> None:
         """Close a refused admission in the background, with an allowance of its own, logged if it fails."""
@@ -339,7 +366,10 @@ class CallPolicy:
         try:
             if plan.record is not None and (key := admission.duplicate_key) is not None:
                 record = plan.record
-                record_says = await admission.store_time.run(lambda: self._duplicates.apply(key, record))
+                if self._records_behind is not None and not plan.answer_matters(admission.stake):
+                    self._records_behind.apply_behind(key, record)
+                else:
+                    record_says = await admission.store_time.run(lambda: self._duplicates.apply(key, record))
         finally:
             # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
             if plan.release and admission.duplicate_key is not None and admission.shared is not None:
@@ -353,9 +383,14 @@ class CallPolicy:
                                     remaining=shown_remaining(admission.remaining))
 
     async def _charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
-        identity, name = admission.identity, admission.tool or ""
+        identity = admission.identity
         charge = await admission.store_time.run(
             lambda: self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce))
+        return self._take(admission, cost, charge)
+
+    def _take(self, admission: Admission, cost: float, charge: Charge) -> Admission:
+        """What a charge's answer means for the call: refused (GatewayError) or taken, with its events."""
+        identity, name = admission.identity, admission.tool or ""
         if charge.exceeded:
             self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
                                     remaining=shown_remaining(charge.remaining if not charge.allowed
@@ -379,8 +414,12 @@ class CallPolicy:
 
     async def _admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
-        admission.remaining = await admission.store_time.run(
+        remaining = await admission.store_time.run(
             lambda: self._budgets.remaining(admission.identity.budget_key, limit=limit))
+        return self._free(admission, cost, remaining)
+
+    def _free(self, admission: Admission, cost: float, remaining: float | None) -> Admission:
+        admission.remaining = remaining
         admission.stake = cost if admission.remaining is not None else 0.0
         extra = {"replay": True} if admission.role is Role.REPLAY else {}
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",

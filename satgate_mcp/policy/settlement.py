@@ -70,6 +70,12 @@ class Closing:
     release: bool = False
     refund: Refund = Refund.NO
 
+    def answer_matters(self, stake: float) -> bool:
+        """Whether the refund waits for the record transition's answer: only when there is a stake to
+        give back and the transition can say REFUND. Otherwise the record may be written behind."""
+        return (self.refund is Refund.AS_RECORD_SAYS and stake > 0 and self.record is not None
+                and any(out == Settlement.REFUND for _, out in self.record.values()))
+
     def refunds(self, record_says: str | None) -> bool:
         """Whether the stake goes back, given the record transition's answer (None if none applied)."""
         if self.refund is Refund.AS_RECORD_SAYS:

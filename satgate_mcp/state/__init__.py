@@ -29,6 +29,7 @@ from satgate_mcp.state.sqlite import (
     DB_NAME,
     REFRESH_WAIT_SECONDS,
     Database,
+    SqliteAdmissions,
     SqliteBudgetStore,
     SqliteDuplicateStore,
     SqliteRevocationStore,
@@ -74,6 +75,7 @@ class LocalState:
     duplicates: SqliteDuplicateStore
     tombstones: SqliteTombstoneStore
     revocations: SqliteRevocationStore
+    admissions: SqliteAdmissions
     #: How long a look at the database may take (``SATGATE_REDIS_TIMEOUT``: the bound of any store wait).
     timeout: float = REFRESH_WAIT_SECONDS
 
@@ -87,7 +89,7 @@ class LocalState:
         except (OSError, StateError) as exc:
             raise ConfigError(f"SATGATE_STATE_DIR={folder}: cannot keep state there: {exc}") from None
         return cls(db, SqliteBudgetStore(db), SqliteDuplicateStore(db), SqliteTombstoneStore(db),
-                   SqliteRevocationStore(db, clock=monotonic, wait=timeout), timeout)
+                   SqliteRevocationStore(db, clock=monotonic, wait=timeout), SqliteAdmissions(db), timeout)
 
     async def probe(self) -> bool:
         """Whether the database takes a job now, within the timeout: what ``/readyz`` reports as ``store``."""

@@ -133,13 +133,39 @@ class CallStream:
                 pass
             self.gone = True
 
-    async def keep_alive(self, admitted: asyncio.Event, every: float) -> None:
+    def keep_alive_later(self, admitted: asyncio.Event, every: float) -> Callable[[], None]:
+        """``keep_alive`` for a call still running once its first wait has passed; what stops it is returned.
+
+        Most calls end sooner: they cost one timer, not a task that waits and sleeps.
+        """
+        loop = asyncio.get_running_loop()
+        first = self._first_wait(every)
+        task: asyncio.Task[None] | None = None
+
+        def start() -> None:
+            nonlocal task
+            task = loop.create_task(self.keep_alive(admitted, every, waited=first))
+
+        timer = loop.call_later(first, start)
+
+        def stop() -> None:
+            timer.cancel()
+            if task is not None:
+                task.cancel()
+
+        return stop
+
+    def _first_wait(self, every: float) -> float:
+        return min(every, OPEN_AFTER) if self._stream_quiet else every
+
+    async def keep_alive(self, admitted: asyncio.Event, every: float, *, waited: float = 0.0) -> None:
         """Once admitted, a call still running after ``OPEN_AFTER`` opens its stream (on 2025-11-25 its priming
-        event gives the client an id to resume from), then a comment every ``every`` seconds keeps it open."""
+        event gives the client an id to resume from), then a comment every ``every`` seconds keeps it open.
+        ``waited``: time the call already ran, counted off the first wait (admission comes first either way)."""
         await admitted.wait()
         loop = asyncio.get_running_loop()
         polls = self._poll > 0 and self._log is not None
-        wait = min(every, OPEN_AFTER) if self._stream_quiet else every
+        wait = max(0.0, self._first_wait(every) - waited)
         while not self.gone:
             await asyncio.sleep(wait)
             wait = min(every, self._poll) if polls else every

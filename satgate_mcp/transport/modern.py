@@ -247,7 +247,7 @@ class ModernTransport:
     async def _round(self, request: web.Request, flow: mrtr.Flow, stream: CallStream, streams: bool,
                      message: jsonrpc.Request) -> web.StreamResponse:
         """Until the call ends or asks for input; a client that hangs up meanwhile cancels it."""
-        keeper = asyncio.ensure_future(stream.keep_alive(flow.admitted, self._keepalive)) if streams else None
+        stop_keeping_alive = stream.keep_alive_later(flow.admitted, self._keepalive) if streams else None
         watcher = asyncio.ensure_future(_hung_up(request))
         try:
             while True:
@@ -268,8 +268,8 @@ class ModernTransport:
             raise
         finally:
             watcher.cancel()
-            if keeper is not None:
-                keeper.cancel()
+            if stop_keeping_alive is not None:
+                stop_keeping_alive()
         if outcome.missing_capability is not None:
             self._flows.done(flow)
             flow.cancel("the client lacks a capability the call needs")

@@ -7,7 +7,6 @@ refusal is the answer. Sessions are found, or rebuilt from the verified token (r
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 
 from aiohttp import web
@@ -168,14 +167,14 @@ class StreamableHttpTransport:
                             stream_quiet=True, replay=self._replay, session_id=session.id, poll=self._poll,
                             owed=partial(edge.owed, session, call), owes=partial(edge.owes, session, call))
         relay = self._edge.relay(session, stream.emit, streaming=True, pause=stream.pause)
-        keeper = asyncio.ensure_future(stream.keep_alive(relay.admitted, self._keepalive))
+        stop_keeping_alive = stream.keep_alive_later(relay.admitted, self._keepalive)
         try:
             reply = await self._edge.run(session, call, relay)
         except BaseException:
             stream.end()
             raise
         finally:
-            keeper.cancel()
+            stop_keeping_alive()
             relay.close()
         return await stream.finish(reply, admitted=relay.admitted.is_set())
 

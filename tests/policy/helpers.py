@@ -14,6 +14,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
+from satgate_mcp.state import LocalState
 from tests.fakes import FakeClock
 
 ROOT_KEY = "k" * 32
@@ -53,12 +54,13 @@ def settings(**overrides: Any) -> Settings:
     return Settings(**base)
 
 
-def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, **overrides: Any
-                ) -> tuple[CallPolicy, RecordingPublisher, Metrics, FakeMinter]:
-    """A policy over ``settings(**overrides)``; the parts a test may plug in are taken out first."""
+def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, *, state: LocalState | None = None,
+                **overrides: Any) -> tuple[CallPolicy, RecordingPublisher, Metrics, FakeMinter]:
+    """A policy over ``settings(**overrides)`` (on a state folder's stores with ``state``); the parts a test
+    may plug in are taken out first."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
     kwargs = {k: overrides.pop(k) for k in ("max_delegation_depth", "new_id") if k in overrides}
-    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics, state=state,
                                       clock=clock or FakeClock(), wall_clock=wall or FakeClock(WALL),
                                       minter=minter, verifier=minter.verify, **kwargs)
     return policy, publisher, metrics, minter
@@ -71,7 +73,7 @@ def sharing_stores(policy: CallPolicy, clock: FakeClock | None = None, **overrid
     return CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
                                     clock=clock or FakeClock(), minter=minter, verifier=minter.verify,
                                     budgets=policy._budgets, duplicates=policy._duplicates,
-                                    rate_limiter=policy._limiter)
+                                    admissions=policy._admissions, rate_limiter=policy._limiter)
 
 
 def refusals(metrics: Metrics, reason: str) -> float:

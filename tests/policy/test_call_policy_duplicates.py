@@ -4,6 +4,10 @@ across processes the durable record decides who pays (duplicates.py), and a call
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,9 +15,12 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.policy import CallPolicy
-from tests.fakes import FakeClock
+from satgate_mcp.state import LocalState
+from tests.fakes import FakeClock, until
+from tests.policy import helpers
 from tests.policy.helpers import (
     ALICE,
+    WALL,
     admit_tool,
     call,
     make_policy,
@@ -40,6 +47,25 @@ class CountingUpstream:
             self.cancelled.set()
             raise
         return {"jsonrpc": "2.0", "id": None, "result": {"content": [], "run": self.runs}}
+
+
+@pytest.fixture(params=["memory", "state-folder"], autouse=True)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> AsyncIterator[str]:
+    """Every rule twice: on memory stores (the general path, a step per store) and on a state folder, where
+    arrival and charge are one job and a settled record is written behind."""
+    opened: list[LocalState] = []
+    if request.param == "state-folder":
+        def on_state_folder(clock: FakeClock | None = None, **overrides: Any) -> Any:
+            clock = clock or FakeClock(WALL)
+            if not opened:  # the folder's records expire on its wall clock: the test's clock drives it
+                opened.append(LocalState.open(tmp_path / "state", clock=clock))
+            return helpers.make_policy(clock, state=opened[0], **overrides)
+
+        monkeypatch.setattr(sys.modules[__name__], "make_policy", on_state_folder)
+    yield str(request.param)
+    for local in opened:
+        await local.aclose()
 
 
 async def call_once(policy: CallPolicy, upstream: CountingUpstream, identity: Identity = ALICE,
@@ -99,9 +125,8 @@ async def test_cancelling_one_copy_leaves_the_shared_call_running_for_the_others
     leader = asyncio.create_task(call_once(policy, upstream))
     await asyncio.wait_for(upstream.started.wait(), 5)
     follower = asyncio.create_task(call_once(policy, upstream))
-    await asyncio.sleep(0)  # one turn of the loop: the follower is admitted and joins (memory stores never wait)
     [shared] = policy._in_flight
-    assert shared.waiters == 2
+    await until(lambda: shared.waiters == 2)  # the follower is admitted and joins
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leader

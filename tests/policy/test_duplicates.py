@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
@@ -42,6 +46,18 @@ Call = tuple[str, str, int | str, dict[str, Any] | None]  # token id, session id
 )
 def test_duplicate_key(a: Call, b: Call, same: bool) -> None:
     assert (duplicate_key(*a) == duplicate_key(*b)) is same
+
+
+@given(params=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=12),
+    request_id=st.integers() | st.text())
+def test_the_key_is_the_one_every_version_computes(params: Any, request_id: int | str) -> None:
+    """Processes of an older version (a handover) must find the same record: the key's bytes never change."""
+    body = {"arguments": params}
+    blob = json.dumps(["t", "s", request_id, body], sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+    assert duplicate_key("t", "s", request_id, body) == hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 @pytest.mark.parametrize(("record", "after", "arrival"), [

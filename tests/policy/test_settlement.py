@@ -51,6 +51,24 @@ def test_refunds(plan: Closing, record_says: str | None, refunded: bool) -> None
     assert plan.refunds(record_says) is refunded
 
 
+@pytest.mark.parametrize(("role", "outcome", "stake", "waits"), [
+    pytest.param(Role.FIRST, Outcome.RAN, 1.0, False, id="first-ran-keeps-whatever-the-record-says"),
+    pytest.param(Role.REPLAY, Outcome.RAN, 1.0, False, id="re-send-ran-keeps-whatever-the-record-says"),
+    pytest.param(Role.FIRST, Outcome.NOT_RUN, 1.0, True, id="first-never-ran-the-record-decides"),
+    pytest.param(Role.REPLAY, Outcome.NOT_RUN, 1.0, True, id="re-send-never-ran-the-record-decides"),
+    pytest.param(Role.FIRST, Outcome.NOT_RUN, 0.0, False, id="nothing-staked-nothing-to-decide"),
+    pytest.param(Role.FIRST, Outcome.REFUSED, 1.0, False, id="refused-refunds-nothing"),
+    pytest.param(Role.AGAIN, Outcome.NOT_RUN, 1.0, False, id="no-record-to-wait-for"),
+])
+def test_the_refund_waits_for_the_record_only_when_its_answer_can_change_it(
+        role: Role, outcome: Outcome, stake: float, waits: bool) -> None:
+    plan = closing(role, outcome)
+    assert plan.answer_matters(stake) is waits
+    if not waits and stake:  # whatever the transition can answer, the refund is the one given without it
+        answers = {says for _, says in plan.record.values()} if plan.record is not None else set()
+        assert {plan.refunds(says) for says in answers} <= {plan.refunds(None)}
+
+
 def settled(role: Role, outcome: Outcome, record: State) -> tuple[State, bool]:
     """The decision composed with the record transition a store applies: (record after, refunded)."""
     plan = closing(role, outcome)

@@ -16,9 +16,11 @@ import pytest
 
 from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore, UnionRevocationStore
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.policy.admissions import Arrived, ChargeAsk, refused_record
 from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
+    Arrival,
     FIRST_SETTLED,
     REFUSED,
     REPLAY_SETTLED,
@@ -334,3 +336,68 @@ def test_where_token_revoke_can_write(tmp_path: Path, monkeypatch: pytest.Monkey
     reason = no_cli_revocations_reason(Settings(**env))
     assert (reason is None) if problem is None else (reason is not None and problem in reason)
     assert (tmp_path / "satgate-state" / DB_NAME).exists() == made
+
+
+# --- a guarded call's admission in one job ---------------------------------------------------------
+
+
+async def _general_path(duplicates: MemoryDuplicateStore, budgets: MemoryBudgetStore, key: str,
+                        ask: ChargeAsk) -> Arrived:
+    """The engine's general path, a step per store: what the one job must equal."""
+    arrival = Arrival(await duplicates.apply(key, ARRIVAL))
+    if arrival is Arrival.REPLAY:
+        return Arrived(arrival, None, await budgets.remaining(ask.budget_key, limit=ask.limit))
+    charge = await budgets.charge(ask.budget_key, ask.cost, limit=ask.limit, enforce=ask.enforce)
+    if not charge.allowed and (undo := refused_record(arrival)) is not None:
+        await duplicates.apply(key, undo)
+    return Arrived(arrival, charge, None)
+
+
+ASKS = {
+    "room": ChargeAsk("b", 1, 10, True),
+    "refused": ChargeAsk("b", 11, 10, True),
+    "observed-overspend": ChargeAsk("b", 11, 10, False),
+    "unlimited": ChargeAsk("b", 1, None, True),
+}
+
+
+@pytest.mark.parametrize(("start", "ask"), [
+    pytest.param(start, ask, id=f"{start or 'none'}-{name}") for start in STATES for name, ask in ASKS.items()])
+async def test_arrival_and_charge_in_one_job_match_the_general_path(state: LocalState, start: State,
+                                                                    ask: ChargeAsk) -> None:
+    duplicates, budgets = MemoryDuplicateStore(), MemoryBudgetStore()
+    for store in (duplicates, state.duplicates):
+        await store.apply("k", _force(start))
+    expected = await _general_path(duplicates, budgets, "k", ask)
+    assert await state.admissions.arrive("k", ask) == expected
+    after = duplicates.get("k")
+    assert state.db.read_now("SELECT state FROM duplicates WHERE key = 'k'", ()) == (
+        [] if after is None else [(after.value,)])
+    assert await state.budgets.remaining("b", limit=ask.limit) == await budgets.remaining("b", limit=ask.limit)
+
+
+async def test_attack_a_refused_call_never_leaves_a_record_that_makes_its_re_send_free(
+        state: LocalState, other: LocalState) -> None:
+    poor = ChargeAsk("poor", 5, 1, True)
+    for _ in range(3):  # each copy, in either process, is refused as a new call: none is a free re-send
+        for local in (state, other):
+            arrived = await local.admissions.arrive("k", poor)
+            assert arrived.arrival is Arrival.FIRST
+            assert arrived.charge == Charge(False, 1, exceeded=True)
+    assert state.db.read_now("SELECT count(*) FROM duplicates", ()) == [(0,)]
+
+
+async def test_a_record_written_behind_is_seen_by_the_next_job_and_survives_a_restart(tmp_path: Path) -> None:
+    first = LocalState.open(tmp_path / "state")
+    assert (await first.admissions.arrive("k", ASKS["room"])).arrival is Arrival.FIRST
+    first.duplicates.apply_behind("k", FIRST_SETTLED[True])  # settled: the record goes, nobody waits for it
+    assert (await first.admissions.arrive("k", ASKS["room"])).arrival is Arrival.FIRST  # a new call, charged
+    first.duplicates.apply_behind("k", FIRST_SETTLED[True])
+    await first.aclose()  # the process stops: what was queued is written before the database closes
+    restarted = LocalState.open(tmp_path / "state")
+    try:
+        arrived = await restarted.admissions.arrive("k", ASKS["room"])
+        assert arrived.arrival is Arrival.FIRST  # not a free re-send of a call that already settled
+        assert arrived.charge == Charge(True, 7)
+    finally:
+        await restarted.aclose()
