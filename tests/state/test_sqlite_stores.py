@@ -20,11 +20,11 @@ from satgate_mcp.policy.admissions import Arrived, ChargeAsk, refused_record
 from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
 from satgate_mcp.policy.duplicates import (
     ARRIVAL,
-    Arrival,
     FIRST_SETTLED,
     REFUSED,
     REPLAY_SETTLED,
     STATES,
+    Arrival,
     MemoryDuplicateStore,
     State,
     Table,
