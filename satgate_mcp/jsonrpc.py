@@ -6,7 +6,6 @@ Pure data: nothing here knows about HTTP, sessions or upstreams, so every layer 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -26,14 +25,20 @@ def dumps(value: Any) -> bytes:
 
 
 #: 19 digits in a row may be an integer beyond 64 bits, which orjson would turn into a float: those bodies
-#: (or any that merely contain such a run, in a string say) take the exact standard-library path.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+#: (or any that merely contain such a run, in a string say) take the exact standard-library path. Found by
+#: mapping every digit to "1" and anything else to " " (two passes in C, a quarter of a regex search's time).
+_DIGITS_AS_ONES = bytes(0x31 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_RUN = b"1" * 19
+
+
+def has_long_digit_run(raw: bytes) -> bool:
+    return _LONG_RUN in raw.translate(_DIGITS_AS_ONES)
 
 
 def loads(raw: bytes) -> Any:
     """orjson first; the standard library for what it refuses (NaN) or would round (integers beyond 64
     bits), so the gateway reads exactly the JSON it always read. Raises ValueError or RecursionError."""
-    if _LONG_DIGITS.search(raw) is None:
+    if not has_long_digit_run(raw):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from satgate_mcp.state import (
     resolve_state_dir,
     state_folder,
 )
-from satgate_mcp.state.sqlite import DB_NAME, PURGE_INTERVAL_SECONDS
+from satgate_mcp.state.sqlite import CHECKPOINT_EVERY_COMMITS, DB_NAME, PURGE_INTERVAL_SECONDS, Database
 from tests.fakes import FakeClock
 
 WALL = 1_700_000_000.0
@@ -130,6 +131,54 @@ async def test_a_caller_that_goes_away_leaves_the_charge_whole(state: LocalState
     await asyncio.sleep(0)
     charging.cancel()
     assert await state.budgets.remaining("b", limit=5) in (4, 5)  # done entirely or not at all, never half
+
+
+async def test_a_job_runs_on_the_loops_own_thread_with_no_hand_off(state: LocalState) -> None:
+    assert await state.db.run(lambda conn: threading.get_ident()) == threading.get_ident()
+
+
+async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order_asked(state: LocalState) -> None:
+    locker = sqlite3.connect(state.db.path, isolation_level=None, timeout=0)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        def insert(token_id: str) -> Callable[[sqlite3.Connection], int]:
+            def job(conn: sqlite3.Connection) -> int:
+                conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
+                return threading.get_ident()
+            return job
+
+        first = asyncio.ensure_future(state.db.run(insert("first")))
+        await asyncio.sleep(0)  # its turn ends: the lock is elsewhere, so the job goes to the worker
+        state.db.submit(insert("behind"))
+        last = asyncio.ensure_future(state.db.run(insert("last")))
+        await asyncio.sleep(0.05)
+        assert not first.done()  # waiting for the lock, not failed
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert await asyncio.wait_for(first, 5) != threading.get_ident()  # the worker ran it
+    await asyncio.wait_for(last, 5)
+    assert state.db.read_now("SELECT token_id FROM revocations ORDER BY seq", ()) == [
+        ("first",), ("behind",), ("last",)]
+    # Back on the loop once the worker is done (its own housekeeping may hold the lock a moment longer).
+    threads = [await state.db.run(lambda conn: threading.get_ident()) for _ in range(20)]
+    assert threads[-1] == threading.get_ident()
+
+
+async def test_the_loop_never_checkpoints_and_the_worker_is_asked_to(
+        state: LocalState, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert state.db._loop_conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # a checkpoint syncs
+    checkpointed = threading.Event()
+    real = Database._checkpoint
+
+    def checkpoint(db: Database) -> None:
+        real(db)
+        checkpointed.set()
+
+    monkeypatch.setattr(Database, "_checkpoint", checkpoint)
+    for n in range(CHECKPOINT_EVERY_COMMITS):
+        await state.budgets.charge(f"b{n}", 1, limit=5, enforce=True)
+    assert await asyncio.to_thread(checkpointed.wait, 5)
 
 
 # --- budgets ----------------------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome
@@ -411,3 +414,15 @@ def test_parse_single_takes_one_message() -> None:
 def test_the_fast_json_path_accepts_exactly_what_the_standard_library_did(raw: bytes) -> None:
     assert rules.decode_json(raw) == json.loads(raw)
     assert json.loads(jsonrpc.dumps(json.loads(raw))) == json.loads(raw) or raw == b'{"n": NaN}'
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63 - 2, max_value=2**64 + 2)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(alphabet="0123456789 -é"),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=12))
+def test_json_reads_exactly_as_the_standard_library_reads_it(value: Any) -> None:
+    raw = json.dumps(value).encode()
+    read = jsonrpc.loads(raw)
+    assert read == json.loads(raw)
+    assert repr(read) == repr(json.loads(raw))  # no integer became a float on the way
