@@ -123,11 +123,21 @@ def duplicate_key(token_id: str, session_id: str, request_id: RequestId, params:
     body = {k: v for k, v in (params or {}).items() if k != "_meta"}
     parts = [token_id, session_id, request_id, body]
     try:
-        # The same bytes as the json.dumps below for everything orjson encodes, in a tenth of the time.
+        # The same bytes as json.dumps below in a tenth of the time, except where orjson writes a float its
+        # own way (a digit followed by "." or "e"; such text in a string only costs the slow path).
         blob = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # integers past 64 bits and other values orjson refuses: the exact encoding
+        if _FLOAT_MARK in blob.translate(_FLOAT_MARKS):
+            blob = b""
+    except TypeError:  # integers past 64 bits and other values orjson refuses
+        blob = b""
+    if not blob:
         blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+#: Digits become "1", the marks of a float's fraction or exponent ".", anything else " ".
+_FLOAT_MARKS = bytes(0x31 if 0x30 <= b <= 0x39 else 0x2E if b in b".eE" else 0x20 for b in range(256))
+_FLOAT_MARK = b"1."
 
 
 class DuplicateStore(Protocol):

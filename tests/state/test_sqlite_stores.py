@@ -286,6 +286,18 @@ async def test_apply_matches_memory(state: LocalState, start: State, table: Tabl
     assert rows == ([] if expected is None else [(expected.value,)])
 
 
+@pytest.mark.parametrize("table", list(TABLES.values()), ids=list(TABLES))
+@pytest.mark.parametrize("start", [s for s in STATES if s is not None], ids=lambda s: str(s))
+async def test_an_expired_record_is_no_record_for_every_transition(state: LocalState, wall: FakeClock,
+                                                                  start: State, table: Table) -> None:
+    await state.duplicates.apply("k", _force(start))
+    wall.advance(24 * 3600 + 1)
+    expected_state, expected_outcome = table[None]
+    assert await state.duplicates.apply("k", table) == expected_outcome
+    rows = state.db.read_now("SELECT state, expires FROM duplicates WHERE key = 'k' AND expires > ?", (wall(),))
+    assert [row[0] for row in rows] == ([] if expected_state is None else [expected_state.value])
+
+
 async def test_a_record_is_kept_for_the_ttl(state: LocalState, wall: FakeClock) -> None:
     assert await state.duplicates.apply("k", ARRIVAL) == "first"
     wall.advance(24 * 3600 - 1)
