@@ -179,6 +179,7 @@ class ServerProcess:
     """A server under test in its own process group (so one signal reaches it and every child it spawns)."""
 
     name = "server"
+    start_timeout = START_TIMEOUT
 
     def __init__(self, workdir: Path, *, name: str | None = None, pin_cpu: int | None = None) -> None:
         self.port = free_port()
@@ -277,7 +278,7 @@ class Gateway(ServerProcess):
 
     async def wait_ready(self, http: aiohttp.ClientSession) -> None:
         """Bounded poll of /readyz: until the process listens there is nothing to await."""
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while True:
             self.check_alive()
             with contextlib.suppress(aiohttp.ClientError):
@@ -285,8 +286,50 @@ class Gateway(ServerProcess):
                     if resp.status == 200:
                         return
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"{self.name} not ready within {START_TIMEOUT:.0f}s:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.name} not ready within {self.start_timeout:.0f}s:\n{self.log_tail()}")
             await asyncio.sleep(POLL_INTERVAL)
+
+
+class CallgrindGateway(Gateway):
+    """The gateway under ``valgrind --tool=callgrind`` with counting off until ``count(True)``: instructions are
+    what the process executes (every thread), the same figure on a busy machine as on a quiet one."""
+
+    start_timeout = 300.0  # startup under valgrind is some fifty times slower
+
+    def __init__(self, auth: Auth, log_level: str, workdir: Path, *, name: str,
+                 extra_env: dict[str, str] | None = None) -> None:
+        super().__init__(auth, log_level, workdir, name=name, extra_env=extra_env)
+        self.out = workdir / f"{name}.callgrind"
+
+    def command(self) -> list[str]:
+        return [VALGRIND, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={self.out}",
+                *super().command()]
+
+    def count(self, on: bool) -> None:
+        assert self.pid is not None
+        subprocess.run([CALLGRIND_CONTROL, "-i", "on" if on else "off", str(self.pid)], check=True,
+                       capture_output=True, timeout=60)
+
+    def instructions(self) -> int | None:
+        """Dump, then the counted total (the dump holds every instruction counted since counting began)."""
+        assert self.pid is not None
+        subprocess.run([CALLGRIND_CONTROL, "-d", str(self.pid)], check=True, capture_output=True, timeout=60)
+        totals = [callgrind_total(f.read_text(errors="replace")) for f in self.out.parent.glob(f"{self.out.name}*")]
+        return max((t for t in totals if t is not None), default=None)
+
+
+VALGRIND = shutil.which("valgrind") or "valgrind"
+CALLGRIND_CONTROL = shutil.which("callgrind_control") or "callgrind_control"
+
+
+def callgrind_total(text: str) -> int | None:
+    """The ``totals:`` (else ``summary:``) instruction count of a callgrind output file; None when absent."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("totals", "summary") and value.split() and value.split()[0].isdecimal():
+            found[name] = int(value.split()[0])
+    return found.get("totals", found.get("summary"))
 
 
 class Upstream(ServerProcess):
@@ -308,7 +351,7 @@ class Upstream(ServerProcess):
 
     async def wait_ready(self, http: aiohttp.ClientSession) -> None:
         """Bounded wait for the ``READY <url>`` line the server prints once it accepts connections."""
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while True:
             self.check_alive()
             with contextlib.suppress(OSError):
@@ -815,6 +858,7 @@ class CompareConfig:
     pinning: Pinning
     workdir: Path
     soak_seconds: float = 0.0
+    instruction_calls: int = 0
 
     def gateway_env(self) -> dict[str, str]:
         """Quotas out of the way of what is measured: session-opening phases hold many sessions on few tokens."""
@@ -987,6 +1031,49 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
     if cfg.soak_seconds > 0:
         progress(f"soak: {cfg.soak_seconds:g} s of load on one gateway")
         report["soak"] = await soak_phase(cfg, cfg.soak_seconds)
+    if cfg.instruction_calls > 0:
+        report["instructions"] = {}
+        for mode in ("none", "header"):
+            progress(f"instructions: {cfg.instruction_calls} calls on a gateway under callgrind, auth={mode}")
+            report["instructions"][mode] = await instruction_phase(cfg, mode)
+
+
+#: Workers of the instruction count: a little concurrency, as a real client mix has.
+INSTRUCTION_WORKERS = 4
+INSTRUCTION_WARMUP_CALLS = 60
+
+
+async def instruction_phase(cfg: CompareConfig, mode: str) -> dict[str, Any]:
+    """Instructions per ``echo`` call of the gateway process (stdio child not counted), after a warm-up."""
+    auth = make_auth(mode, INSTRUCTION_WORKERS)
+    gateway = CallgrindGateway(auth, cfg.log_level, cfg.workdir, name=f"gateway-callgrind-{mode}",
+                               extra_env=cfg.gateway_env())
+    gateway.start()
+    errors = 0
+    try:
+        async with client_session(INSTRUCTION_WORKERS) as http:
+            await gateway.wait_ready(http)
+            client = RawClient(http, gateway.mcp_url)
+            sessions = [await client.open(token) for token in auth.tokens]
+            for n in range(INSTRUCTION_WARMUP_CALLS):
+                await client.call(sessions[n % len(sessions)])
+            per_worker = max(1, cfg.instruction_calls // INSTRUCTION_WORKERS)
+
+            async def worker(session: McpSession) -> None:
+                nonlocal errors
+                for _ in range(per_worker):
+                    ok, _ = await client.call(session)
+                    errors += not ok
+
+            await asyncio.to_thread(gateway.count, True)
+            await asyncio.gather(*(worker(session) for session in sessions))
+            await asyncio.to_thread(gateway.count, False)
+            total = await asyncio.to_thread(gateway.instructions)
+    finally:
+        gateway.stop()
+    calls = per_worker * INSTRUCTION_WORKERS
+    return {"calls": calls, "errors": errors, "instructions": total,
+            "per_call": total / calls if total is not None else math.nan}
 
 
 def render_compare(report: dict[str, Any]) -> str:
@@ -1040,6 +1127,11 @@ def render_compare(report: dict[str, Any]) -> str:
         out.append(f"- soak: {soak['calls']:,} calls in {soak['seconds']:.0f} s ({soak['errors']} errors); RSS "
                    + " -> ".join(fmt(kib / 1024, 1) for kib in soak["rss_kib"]) + " MiB "
                    f"(first to last {fmt(soak['rss_growth_kib'], 0)} KiB)")
+    instructions = report.get("instructions")
+    if instructions:
+        out.append("- instructions per call (callgrind, the gateway process and its threads, not the stdio child): "
+                   + ", ".join(f"{mode} {fmt(f['per_call'] / 1e6, 3)} M ({f['calls']} calls, {f['errors']} errors)"
+                               for mode, f in instructions.items()))
     if report.get("error"):
         out += ["", f"**incomplete: {report['error']}**"]
     return "\n".join(out)
@@ -1063,6 +1155,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     per_target = 12 + WARMUP_SECONDS + SEQUENTIAL_MAX_SECONDS + duration + init_seconds
     extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
     extras += float(args.soak) + 20 if args.soak > 0 else 0
+    extras += 2 * (90 + args.instructions / 10) if args.instructions > 0 else 0
     return rounds * len(TARGETS) * per_target + extras
 
 
@@ -1079,7 +1172,8 @@ def main_compare(args: argparse.Namespace) -> int:
         "config": {"sessions": args.sessions, "workers": args.workers, "duration": args.duration,
                    "rounds": args.rounds, "init_seconds": args.init_seconds, "idle_sessions": args.idle_sessions,
                    "sequential_calls": args.sequential_calls, "resume_samples": args.resume_samples,
-                   "baseline_json_response": args.baseline_json, "soak_seconds": args.soak, "timeout": timeout,
+                   "baseline_json_response": args.baseline_json, "soak_seconds": args.soak,
+                   "instruction_calls": args.instructions, "timeout": timeout,
                    "cpus": os.cpu_count()},
         "pinning": pinning.note, "rounds": []}
     quiet = args.json
@@ -1093,7 +1187,7 @@ def main_compare(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="satgate-bench-") as workdir:
             cfg = CompareConfig(args.sessions, args.workers, args.duration, args.rounds, args.init_seconds,
                                 args.idle_sessions, args.sequential_calls, args.resume_samples, args.baseline_json,
-                                args.log_level, pinning, Path(workdir), args.soak)
+                                args.log_level, pinning, Path(workdir), args.soak, args.instructions)
             try:
                 asyncio.run(asyncio.wait_for(compare(cfg, report, progress), timeout))
             except TimeoutError:
@@ -1181,6 +1275,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                          help="then load one gateway this long, sampling its RSS (600 for the issue's soak; "
                               "default 0: skipped)")
+    compare.add_argument("--instructions", type=bounded_int(0, 100_000), default=0, metavar="CALLS",
+                         help="then count the gateway's instructions per call under valgrind's callgrind over "
+                              "this many calls, auth none and header (400 is plenty; default 0: skipped)")
     compare.add_argument("--baseline-json", action="store_true",
                          help="run the baseline with --json-response (default: the SDK's SSE answers)")
     return parser

@@ -271,3 +271,20 @@ def test_the_soak_is_off_unless_asked_for_and_counts_in_the_estimate() -> None:
     soaked = bench.build_parser().parse_args(["--compare", "--soak", "600"])
     assert (plain.soak, soaked.soak) == (0.0, 600.0)
     assert bench.estimated_seconds(soaked) >= bench.estimated_seconds(plain) + 600
+
+
+def test_the_instruction_count_is_off_unless_asked_for_and_counts_in_the_estimate() -> None:
+    plain = bench.build_parser().parse_args(["--compare"])
+    counted = bench.build_parser().parse_args(["--compare", "--instructions", "400"])
+    assert (plain.instructions, counted.instructions) == (0, 400)
+    assert bench.estimated_seconds(counted) > bench.estimated_seconds(plain)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    pytest.param("version: 1\nevents: Ir\nsummary: 1234\ntotals: 5678\n", 5678, id="totals-win"),
+    pytest.param("events: Ir\nsummary: 1234\n", 1234, id="summary-alone"),
+    pytest.param("events: Ir\nfn=(1) main\n0 3\n", None, id="neither"),
+    pytest.param("totals: lots\n", None, id="not-a-number"),
+])
+def test_callgrind_total(text: str, expected: int | None) -> None:
+    assert bench.callgrind_total(text) == expected

@@ -30,8 +30,9 @@ import sqlite3
 import threading
 import time
 from asyncio import events as asyncio_events
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import structlog
@@ -86,24 +87,33 @@ def _connect(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
     return conn
 
 
-@contextlib.contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+class immediate:
     """One read-modify-write transaction: the write lock is taken first, so no other writer interleaves.
 
-    Inside the worker's batch transaction (the usual case) the batch already holds the lock and each
-    job runs under its own savepoint, so this adds nothing.
+    Inside a batch's transaction (the usual case) the batch already holds the lock and each job runs
+    under its own savepoint, so this adds nothing. A class, not a generator: it is entered twice a call.
     """
-    if conn.in_transaction:
-        yield conn
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+
+    __slots__ = ("_began", "_conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._began = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        if not self._conn.in_transaction:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._began = True
+        return self._conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
+        if not self._began:
+            return
+        if kind is None:
+            self._conn.execute("COMMIT")
+        elif self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
 
 
 Job = Callable[[sqlite3.Connection], Any]
@@ -113,8 +123,13 @@ Outcome = tuple[Any, BaseException | None]
 Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
 #: Most jobs one transaction carries: bounds how long the write lock is held.
 MAX_BATCH = 64
-#: The loop's connection never checkpoints (a checkpoint syncs the disk); the worker does, this often.
-CHECKPOINT_EVERY_COMMITS = 500
+#: The loop's connection never checkpoints (a checkpoint syncs the disk); the worker does, this often (about
+#: SQLite's own default of a thousand pages).
+CHECKPOINT_EVERY_COMMITS = 250
+#: How long a write nobody waits for may wait for company: a job asked for meanwhile takes it along in its
+#: transaction, so under load a settled call's record costs no commit of its own, and a lone one commits after
+#: the answer has gone out rather than beside it.
+WRITE_BEHIND_SECONDS = 0.005
 #: Expired rows deleted in one pass, per table.
 PURGE_BATCH = 500
 #: Tables with expiring rows, and their keys.
@@ -188,7 +203,8 @@ class Database:
 
     Everything asked for in one turn commits in one transaction (each job under its own savepoint, so
     a failing job undoes only itself), and results are handed back only after the commit, so an
-    answered charge is on disk. A commit in WAL mode with ``synchronous=NORMAL`` is a write to the
+    answered charge is on disk; a write nobody waits for waits up to ``WRITE_BEHIND_SECONDS`` for a
+    job to share a transaction with. A commit in WAL mode with ``synchronous=NORMAL`` is a write to the
     page cache, cheaper than handing the job to a thread and back (two context switches, and on one
     core the whole of a call's latency waits for them). Only when another connection holds the write
     lock (another process on the folder, a checkpoint) does a batch go to the worker thread, which
@@ -217,8 +233,11 @@ class Database:
         self._queue: queue.SimpleQueue[tuple[Queued, bool] | _Maintenance | None] = queue.SimpleQueue()
         self._next_purge = 0.0
         self._closed = False
-        #: Jobs asked for in this turn of the loop, run together at its end.
+        #: Jobs asked for and not yet run, run together at the end of this turn of the loop (or, when none
+        #: waits for its result, a little later).
         self._turn: list[Queued] = []
+        self._armed: asyncio.Handle | None = None
+        self._soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Jobs handed to the worker and not yet finished: while there are any, new jobs follow them.
         self._on_worker = 0
@@ -253,13 +272,22 @@ class Database:
         if self._on_worker:
             self._to_worker([job])
             return
-        if not self._turn:
-            self._loop = loop
-            loop.call_soon(self._run_turn)
+        self._loop = loop
         self._turn.append(job)
+        if job[1] is None:  # written behind: it may wait a little for company
+            if self._armed is None:
+                self._armed = loop.call_later(WRITE_BEHIND_SECONDS, self._run_turn)
+        elif not self._soon:
+            if self._armed is not None:
+                self._armed.cancel()
+            self._armed = loop.call_soon(self._run_turn)
+            self._soon = True
 
     def _run_turn(self) -> None:
-        """This turn's jobs in one transaction on the loop's connection, or, behind a lock, on the worker."""
+        """The jobs asked for in one transaction on the loop's connection, or, behind a lock, on the worker."""
+        if self._armed is not None:
+            self._armed.cancel()
+        self._armed, self._soon = None, False
         batch, self._turn = self._turn, []
         if not batch:
             return
@@ -576,7 +604,7 @@ class SqliteTombstoneStore:
     """The registry's ``TombstoneStore``: DELETEs that a restart, or another process on the folder, still sees.
 
     ``bury`` writes behind (the registry is synchronous and answers from its own map first), in
-    order, so the row is committed within a transaction's time of the DELETE's answer. A process
+    order, so the row is committed within milliseconds of the DELETE's answer. A process
     killed in that window loses the tombstone: the session can then be resumed by its own token,
     which grants nothing a fresh ``initialize`` would not. ``is_buried`` is a primary-key read on the
     loop; if it cannot answer, the resume is refused (a DELETE must never be undone by a fault).

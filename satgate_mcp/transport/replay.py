@@ -62,7 +62,8 @@ class CallLog:
     events: list[tuple[int, bytes]] = field(default_factory=list)
     size: int = 0
     done: bool = False
-    _more: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when more arrives; made only once a reader waits (most streams are never resumed).
+    _more: asyncio.Event | None = None
 
     def add(self, number: int, frame: bytes) -> None:
         self.events.append((number, frame))
@@ -76,8 +77,9 @@ class CallLog:
         self._wake()
 
     def _wake(self) -> None:
-        more, self._more = self._more, asyncio.Event()
-        more.set()
+        more, self._more = self._more, None
+        if more is not None:
+            more.set()
 
     def resumable_after(self, number: int) -> bool:
         """Whether every event after ``number`` is still here."""
@@ -88,6 +90,8 @@ class CallLog:
 
         The three are read together, so nothing added in between is missed by a reader that waits.
         """
+        if self._more is None:
+            self._more = asyncio.Event()
         return [(n, f) for n, f in self.events if n > cursor], self.done, self._more
 
 
@@ -117,7 +121,7 @@ class ReplayBook:
         ttl = DELIVERED_RETAIN_SECONDS if delivered else RETAIN_SECONDS
         self._kept[delivered][log.stream_id] = (log, self._clock() + ttl)
         self._kept_bytes += log.size
-        while self._kept_bytes > MAX_RETAINED_BYTES or len(self) - len(self._running) > MAX_RETAINED:
+        while self._kept_bytes > MAX_RETAINED_BYTES or len(self._kept[True]) + len(self._kept[False]) > MAX_RETAINED:
             # the delivered ones go first: their client most likely read them
             self._drop_oldest(self._kept[True] or self._kept[False])
 

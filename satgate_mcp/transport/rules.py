@@ -6,6 +6,7 @@ the server's message when the body parses as JSON-RPC.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -131,14 +132,28 @@ def _quality(params: list[str]) -> float:
     return 1.0
 
 
-def _media_types(header: str | None) -> list[str]:
-    """The media types listed, without those the client marked unacceptable with ``q=0``."""
+def _media_types(header: str | None) -> tuple[str, ...]:
+    """The media types listed, without those the client marked unacceptable with ``q=0``.
+
+    A client sends the same few header values on every request: short ones are parsed once (bounded cache)."""
+    if header is None:
+        return ()
+    if len(header) <= _CACHED_HEADER_LENGTH:
+        return _parsed_media_types(header)
+    return _parse_media_types(header)
+
+
+def _parse_media_types(header: str) -> tuple[str, ...]:
     kinds = []
-    for part in (header or "").split(","):
+    for part in header.split(","):
         kind, *params = part.split(";")
         if kind.strip() and _quality(params) > 0:
             kinds.append(kind.strip().lower())
-    return kinds
+    return tuple(kinds)
+
+
+_CACHED_HEADER_LENGTH = 200
+_parsed_media_types = functools.lru_cache(maxsize=256)(_parse_media_types)
 
 
 def accepts(header: str | None, media_type: str) -> bool:
@@ -155,7 +170,7 @@ def check_accept(header: str | None) -> Refusal | None:
 
 
 def check_content_type(header: str | None) -> Refusal | None:
-    if _media_types(header)[:1] == ["application/json"]:
+    if _media_types(header)[:1] == ("application/json",):
         return None
     return Refusal(415, "unsupported_media_type", "Content-Type must be application/json")
 

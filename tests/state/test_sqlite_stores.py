@@ -165,6 +165,19 @@ async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order
     assert threads[-1] == threading.get_ident()
 
 
+async def test_writes_nobody_waits_for_ride_along_in_the_next_jobs_transaction_in_order(state: LocalState) -> None:
+    def insert(token_id: str) -> Callable[[sqlite3.Connection], None]:
+        return lambda conn: conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
+
+    commits = state.db._commits
+    for n in range(3):
+        state.db.submit(insert(f"behind-{n}"))
+    await state.db.run(insert("waited-for"))
+    assert state.db._commits == commits + 1
+    assert state.db.read_now("SELECT token_id FROM revocations ORDER BY seq", ()) == [
+        ("behind-0",), ("behind-1",), ("behind-2",), ("waited-for",)]
+
+
 async def test_the_loop_never_checkpoints_and_the_worker_is_asked_to(
         state: LocalState, monkeypatch: pytest.MonkeyPatch) -> None:
     assert state.db._loop_conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # a checkpoint syncs
