@@ -6,19 +6,19 @@ writer, every read-modify-write is one short ``BEGIN IMMEDIATE`` transaction, an
 makes a writer wait its turn instead of failing. No lock is ever held between statements, and none
 is exclusive for longer than one transaction.
 
-sqlite3 blocks, so statements run on one dedicated thread per database, never on the event loop.
-Two documented exceptions: opening (at start) and the tombstone point read of a resume (rare, a
-primary-key lookup that WAL never makes wait on a writer). Commits use ``synchronous=NORMAL``: a
-committed transaction is in the WAL and survives the process being killed; only a power loss can
-lose the last ones.
+Statements run on the event loop, on a connection that never waits for a lock (``busy_timeout`` 0)
+and never checkpoints: what could block is handed to one worker thread instead. A batch that finds
+the write lock taken goes to the worker, which waits for it; checkpoints (they sync the disk) are the
+worker's. Commits use ``synchronous=NORMAL``: a committed transaction is in the WAL (a write to the
+page cache, no sync) and survives the process being killed; only a power loss can lose the last ones.
 
 Stored times are wall-clock seconds: they must mean the same after a restart and in another process.
 
 Faults (the database locked by another process past ``busy_timeout``, unwritable, corrupt) are store
 faults like a Redis outage: the caller bounds its wait (the policy's store time), and a job whose
-caller stopped waiting before the worker reached it is dropped, never run later: a call refused with
-503 is not charged once the lock goes away. (A job the worker already started completes; its caller,
-if it gave up in that instant, was refused anyway.)
+caller stopped waiting before its transaction reached it is dropped, never run later: a call refused
+with 503 is not charged once the lock goes away. (A job already started completes; its caller, if it
+gave up in that instant, was refused anyway.)
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class Database:
     lock (another process on the folder, a checkpoint) does a batch go to the worker thread, which
     waits its turn with ``busy_timeout``; until the worker has finished, later jobs follow it there,
     so one process's jobs always run in the order asked. The worker also checkpoints the WAL (never
-    the loop: a checkpoint syncs the disk) and purges expired rows.
+    the loop: a checkpoint syncs the disk); the loop purges expired rows, a bounded number at a time.
     """
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
@@ -294,23 +294,25 @@ class Database:
         if self._on_worker:  # a batch went to the worker since these were asked for: keep the order
             self._to_worker(batch)
             return
+        committed = False
         try:
             outcomes = _transact(self._loop_conn, batch)
+            committed = True
         except sqlite3.Error as exc:
             if _busy(exc):
                 self._to_worker(batch)
                 return
             outcomes = [(None, exc)] * len(batch)  # the database failed: no job of the batch happened
-        else:
-            self._commits += 1
-            if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
-                self._queue.put(_MAINTAIN)
-            self._purge_if_due(self._loop_conn)
         _deliver([(future, value, error) for (_, future), (value, error) in zip(batch, outcomes, strict=True)
                   if future is not None])
         for (_, future), (_, error) in zip(batch, outcomes, strict=True):
             if future is None and error is not None:
                 _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
+        if committed:  # housekeeping after the answers: the worker checkpoints, expired rows go now and then
+            self._commits += 1
+            if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
+                self._queue.put(_MAINTAIN)
+            self._purge_if_due(self._loop_conn)
 
     def _to_worker(self, jobs: list[Queued]) -> None:
         self._on_worker += len(jobs)
@@ -352,7 +354,6 @@ class Database:
                 self._run_batch(batch, counted)
             if maintain:
                 self._checkpoint()
-            self._purge_if_due(self._conn)
         self._conn.close()
 
     def _run_batch(self, batch: list[Queued], counted: int) -> None:
@@ -381,8 +382,8 @@ class Database:
             _log.warning("state_checkpoint_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _purge_if_due(self, conn: sqlite3.Connection) -> None:
-        """Delete expired rows, at most ``PURGE_BATCH`` a table at a time (on the loop, a pass stays short);
-        when a table had more, the next pass is due at once."""
+        """Delete expired rows, at most ``PURGE_BATCH`` a table at a time (on the loop: a pass stays short);
+        when a table had more, or the lock was elsewhere, the next pass is due at once."""
         now = self.clock()
         if now < self._next_purge:
             return

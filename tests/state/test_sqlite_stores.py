@@ -166,7 +166,7 @@ async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order
 
 
 async def test_writes_nobody_waits_for_ride_along_in_the_next_jobs_transaction_in_order(state: LocalState) -> None:
-    def insert(token_id: str) -> Callable[[sqlite3.Connection], None]:
+    def insert(token_id: str) -> Callable[[sqlite3.Connection], object]:
         return lambda conn: conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
 
     commits = state.db._commits
