@@ -160,35 +160,22 @@ def _busy(exc: sqlite3.Error) -> bool:
 
 
 def _transact(conn: sqlite3.Connection, batch: list[Queued]) -> list[Outcome]:
-    """Every job of ``batch`` in one transaction, each under its own savepoint, skipping those whose caller
-    already went away. Raises the sqlite3.Error of BEGIN or COMMIT (rolled back: then no job happened)."""
-    outcomes: list[Outcome] = []
+    """Every job of ``batch`` in one transaction, skipping those whose caller already went away. Raises the
+    sqlite3.Error of BEGIN or COMMIT (rolled back: then no job happened).
+
+    Jobs are functions of the database alone, so the batch first runs as it is; only when a job fails is
+    it all rolled back and run again with each job under its own savepoint, so that the failing job
+    undoes only itself (two statements a job saved on the usual path).
+    """
     try:
         conn.execute("BEGIN IMMEDIATE")  # with the lock held elsewhere, this is where the wait (or BUSY) is
-        if len(batch) == 1:  # one job: the transaction is its savepoint (two statements fewer)
-            job, future = batch[0]
-            if future is not None and future.cancelled():
-                conn.execute("ROLLBACK")
-                return [(None, None)]
-            try:
-                outcome: Outcome = (job(conn), None)
-            except Exception as exc:
-                conn.execute("ROLLBACK")
-                return [(None, exc)]
-            conn.execute("COMMIT")
-            return [outcome]
-        for job, future in batch:
-            # Read across threads on purpose: a caller that gave up cancelled its future; skip its job.
-            if future is not None and future.cancelled():
-                outcomes.append((None, None))
-                continue
-            conn.execute("SAVEPOINT job")
-            try:
-                outcomes.append((job(conn), None))
-            except Exception as exc:
-                conn.execute("ROLLBACK TO job")
-                outcomes.append((None, exc))
-            conn.execute("RELEASE job")
+        outcomes, failure = _run_jobs(conn, batch, savepoints=False)
+        if failure is not None:
+            conn.execute("ROLLBACK")
+            if len(batch) == 1:  # nothing else to keep: the failure is the outcome
+                return [(None, failure)]
+            conn.execute("BEGIN IMMEDIATE")
+            outcomes, _ = _run_jobs(conn, batch, savepoints=True)
         conn.execute("COMMIT")
     except sqlite3.Error:
         if conn.in_transaction:
@@ -196,6 +183,32 @@ def _transact(conn: sqlite3.Connection, batch: list[Queued]) -> list[Outcome]:
                 conn.execute("ROLLBACK")
         raise
     return outcomes
+
+
+def _run_jobs(conn: sqlite3.Connection, batch: list[Queued], *, savepoints: bool
+              ) -> tuple[list[Outcome], BaseException | None]:
+    """Each job's outcome. Without ``savepoints`` it stops at the first failure and returns it too (the
+    caller rolls the transaction back); with them a failing job undoes only itself."""
+    outcomes: list[Outcome] = []
+    for job, future in batch:
+        # Read across threads on purpose: a caller that gave up cancelled its future; skip its job.
+        if future is not None and future.cancelled():
+            outcomes.append((None, None))
+            continue
+        if not savepoints:
+            try:
+                outcomes.append((job(conn), None))
+            except Exception as exc:
+                return outcomes, exc
+            continue
+        conn.execute("SAVEPOINT job")
+        try:
+            outcomes.append((job(conn), None))
+        except Exception as exc:
+            conn.execute("ROLLBACK TO job")
+            outcomes.append((None, exc))
+        conn.execute("RELEASE job")
+    return outcomes, None
 
 
 class Database:
