@@ -859,6 +859,7 @@ class CompareConfig:
     workdir: Path
     soak_seconds: float = 0.0
     instruction_calls: int = 0
+    paired_calls: int = 0
 
     def gateway_env(self) -> dict[str, str]:
         """Quotas out of the way of what is measured: session-opening phases hold many sessions on few tokens."""
@@ -1023,6 +1024,9 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
     for round_no, target in interleave(cfg.rounds):
         progress(f"round {round_no}/{cfg.rounds}: {target}")
         report["rounds"].append(await run_target(cfg, round_no, target))
+    if cfg.paired_calls > 0:
+        progress(f"one call at a time: {cfg.paired_calls} calls each to the baseline and both gateways, in turn")
+        report["paired"] = await paired_phase(cfg)
     if cfg.idle_sessions > 0:
         progress(f"idle sessions: opening {cfg.idle_sessions:,} on one gateway")
         report["idle"] = await idle_phase(cfg)
@@ -1036,6 +1040,47 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
         for mode in ("none", "header"):
             progress(f"instructions: {cfg.instruction_calls} calls on a gateway under callgrind, auth={mode}")
             report["instructions"][mode] = await instruction_phase(cfg, mode)
+
+
+PAIRED_TARGETS = ("baseline", "gateway-none", "gateway-header")
+PAIRED_WARMUP_CALLS = 50
+
+
+async def paired_phase(cfg: CompareConfig) -> dict[str, Any]:
+    """One call at a time to the baseline and to each gateway in turn, call by call, all running at once on the
+    server CPU: every target sees the same moment of the machine, so the ratios hold even where the machine's
+    speed drifts between rounds (it does, on a shared host)."""
+    servers: dict[str, Gateway | Upstream] = {
+        "baseline": Upstream(cfg.workdir, json_response=cfg.baseline_json, pin_cpu=cfg.pinning.server_cpu)}
+    tokens: dict[str, str | None] = {"baseline": None}
+    for target in PAIRED_TARGETS[1:]:
+        auth = make_auth(target.removeprefix("gateway-"), 1)
+        servers[target], tokens[target] = cfg.gateway(auth, f"{target}-paired"), auth.tokens[0]
+    latencies: dict[str, list[float]] = {target: [] for target in PAIRED_TARGETS}
+    errors = dict.fromkeys(PAIRED_TARGETS, 0)
+    for server in servers.values():
+        server.start()
+    try:
+        async with client_session(len(PAIRED_TARGETS)) as http:
+            sessions: dict[str, tuple[RawClient, McpSession]] = {}
+            for target, server in servers.items():
+                await server.wait_ready(http)
+                client = RawClient(http, server.mcp_url)
+                sessions[target] = (client, await client.open(tokens[target]))
+                for _ in range(PAIRED_WARMUP_CALLS):
+                    await client.call(sessions[target][1])
+            for n in range(cfg.paired_calls):
+                for k in range(len(PAIRED_TARGETS)):  # each target first, second and last equally often
+                    target = PAIRED_TARGETS[(n + k) % len(PAIRED_TARGETS)]
+                    ms, ok, _ = await timed_call(*sessions[target])
+                    latencies[target].append(ms)
+                    errors[target] += not ok
+    finally:
+        for server in servers.values():
+            server.stop()
+    p50 = {target: percentile(sorted(values), 0.50) for target, values in latencies.items()}
+    return {"calls": cfg.paired_calls, "p50_ms": p50, "errors": errors,
+            "ratio": {target: ratio(p50[target], p50["baseline"]) for target in PAIRED_TARGETS[1:]}}
 
 
 #: Workers of the instruction count: a little concurrency, as a real client mix has.
@@ -1102,6 +1147,13 @@ def render_compare(report: dict[str, Any]) -> str:
                 "generator is not saturated either means the server's core was shared: the figures are noisy."]
     if any(report.get(k) for k in ("idle", "resume", "sse")):
         out += ["", "## Gateway only (auth=header)", ""]
+    paired = report.get("paired")
+    if paired:
+        p50, ratios = paired["p50_ms"], paired["ratio"]
+        out.append(f"- one call at a time, the three servers called in turn ({paired['calls']} calls each): p50 "
+                   f"baseline {fmt(p50['baseline'], 2)} ms, gateway-none {fmt(p50['gateway-none'], 2)} ms "
+                   f"(x{fmt(ratios['gateway-none'], 2)}), gateway-header {fmt(p50['gateway-header'], 2)} ms "
+                   f"(x{fmt(ratios['gateway-header'], 2)}); errors {sum(paired['errors'].values())}")
     idle = report.get("idle")
     if idle:
         out.append(f"- idle sessions: {idle['sessions']:,} opened in {idle['seconds']:.1f} s "
@@ -1156,6 +1208,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
     extras += float(args.soak) + 20 if args.soak > 0 else 0
     extras += 2 * (90 + args.instructions / 10) if args.instructions > 0 else 0
+    extras += 20 + args.paired_calls * 0.05 if args.paired_calls > 0 else 0
     return rounds * len(TARGETS) * per_target + extras
 
 
@@ -1173,7 +1226,7 @@ def main_compare(args: argparse.Namespace) -> int:
                    "rounds": args.rounds, "init_seconds": args.init_seconds, "idle_sessions": args.idle_sessions,
                    "sequential_calls": args.sequential_calls, "resume_samples": args.resume_samples,
                    "baseline_json_response": args.baseline_json, "soak_seconds": args.soak,
-                   "instruction_calls": args.instructions, "timeout": timeout,
+                   "instruction_calls": args.instructions, "paired_calls": args.paired_calls, "timeout": timeout,
                    "cpus": os.cpu_count()},
         "pinning": pinning.note, "rounds": []}
     quiet = args.json
@@ -1187,7 +1240,8 @@ def main_compare(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="satgate-bench-") as workdir:
             cfg = CompareConfig(args.sessions, args.workers, args.duration, args.rounds, args.init_seconds,
                                 args.idle_sessions, args.sequential_calls, args.resume_samples, args.baseline_json,
-                                args.log_level, pinning, Path(workdir), args.soak, args.instructions)
+                                args.log_level, pinning, Path(workdir), args.soak, args.instructions,
+                                args.paired_calls)
             try:
                 asyncio.run(asyncio.wait_for(compare(cfg, report, progress), timeout))
             except TimeoutError:
@@ -1275,6 +1329,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                          help="then load one gateway this long, sampling its RSS (600 for the issue's soak; "
                               "default 0: skipped)")
+    compare.add_argument("--paired-calls", type=bounded_int(0, 100_000), default=300, metavar="CALLS",
+                         help="one call at a time to the baseline and both gateways in turn, this many each "
+                              "(default 300; 0 skips)")
     compare.add_argument("--instructions", type=bounded_int(0, 100_000), default=0, metavar="CALLS",
                          help="then count the gateway's instructions per call under valgrind's callgrind over "
                               "this many calls, auth none and header (400 is plenty; default 0: skipped)")

@@ -288,3 +288,10 @@ def test_the_instruction_count_is_off_unless_asked_for_and_counts_in_the_estimat
 ])
 def test_callgrind_total(text: str, expected: int | None) -> None:
     assert bench.callgrind_total(text) == expected
+
+
+def test_the_paired_one_call_phase_runs_by_default_and_can_be_skipped() -> None:
+    default = bench.build_parser().parse_args(["--compare"])
+    skipped = bench.build_parser().parse_args(["--compare", "--paired-calls", "0"])
+    assert (default.paired_calls, skipped.paired_calls) == (300, 0)
+    assert bench.estimated_seconds(default) > bench.estimated_seconds(skipped)
