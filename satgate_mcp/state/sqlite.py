@@ -155,6 +155,17 @@ def _deliver(results: list[Result]) -> None:
             future.set_exception(exc)
 
 
+def _results(batch: list[Queued], outcomes: list[Outcome]) -> list[Result]:
+    """What the waiting callers get; a write nobody waits for that failed is logged here instead."""
+    results: list[Result] = []
+    for (_, future), (value, error) in zip(batch, outcomes, strict=True):
+        if future is not None:
+            results.append((future, value, error))
+        elif error is not None:
+            _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
+    return results
+
+
 def _busy(exc: sqlite3.Error) -> bool:
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY_CODES
 
@@ -316,11 +327,7 @@ class Database:
                 self._to_worker(batch)
                 return
             outcomes = [(None, exc)] * len(batch)  # the database failed: no job of the batch happened
-        _deliver([(future, value, error) for (_, future), (value, error) in zip(batch, outcomes, strict=True)
-                  if future is not None])
-        for (_, future), (_, error) in zip(batch, outcomes, strict=True):
-            if future is None and error is not None:
-                _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
+        _deliver(_results(batch, outcomes))
         if committed:  # housekeeping after the answers: the worker checkpoints, expired rows go now and then
             self._commits += 1
             if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
@@ -375,12 +382,8 @@ class Database:
         except sqlite3.Error as exc:  # the lock or the commit failed: no job of the batch happened
             outcomes = [(None, exc)] * len(batch)
         by_loop: dict[asyncio.AbstractEventLoop, list[Result]] = {}
-        for (_, future), (value, error) in zip(batch, outcomes, strict=True):
-            if future is None:
-                if error is not None:
-                    _log.error("state_write_failed", error=f"{type(error).__name__}: {error}")
-                continue
-            by_loop.setdefault(future.get_loop(), []).append((future, value, error))
+        for result in _results(batch, outcomes):
+            by_loop.setdefault(result[0].get_loop(), []).append(result)
         for loop, results in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a loop closed meanwhile wants nothing
                 loop.call_soon_threadsafe(_deliver, results)
