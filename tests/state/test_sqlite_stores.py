@@ -133,6 +133,14 @@ async def test_a_caller_that_goes_away_leaves_the_charge_whole(state: LocalState
     assert await state.budgets.remaining("b", limit=5) in (4, 5)  # done entirely or not at all, never half
 
 
+def insert(token_id: str) -> Callable[[sqlite3.Connection], int]:
+    """A job that leaves a row saying it ran (``revocations`` keeps the order of its rows), and the thread it ran on."""
+    def job(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
+        return threading.get_ident()
+    return job
+
+
 async def test_a_job_runs_on_the_loops_own_thread_with_no_hand_off(state: LocalState) -> None:
     assert await state.db.run(lambda conn: threading.get_ident()) == threading.get_ident()
 
@@ -141,12 +149,6 @@ async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order
     locker = sqlite3.connect(state.db.path, isolation_level=None, timeout=0)
     locker.execute("BEGIN EXCLUSIVE")
     try:
-        def insert(token_id: str) -> Callable[[sqlite3.Connection], int]:
-            def job(conn: sqlite3.Connection) -> int:
-                conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
-                return threading.get_ident()
-            return job
-
         first = asyncio.ensure_future(state.db.run(insert("first")))
         await asyncio.sleep(0)  # its turn ends: the lock is elsewhere, so the job goes to the worker
         state.db.submit(insert("behind"))
@@ -166,9 +168,6 @@ async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order
 
 
 async def test_writes_nobody_waits_for_ride_along_in_the_next_jobs_transaction_in_order(state: LocalState) -> None:
-    def insert(token_id: str) -> Callable[[sqlite3.Connection], object]:
-        return lambda conn: conn.execute("INSERT INTO revocations (token_id) VALUES (?)", (token_id,))
-
     commits = state.db._commits
     for n in range(3):
         state.db.submit(insert(f"behind-{n}"))
