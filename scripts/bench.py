@@ -1141,6 +1141,9 @@ def render_compare(report: dict[str, Any]) -> str:
         summary = summarize_rounds(rows)
         out += ["", "## Median over rounds", "",
                 markdown_table(TABLE_HEADERS, [table_row(t, s) for t, s in summary.items()])]
+        share = cpu_share(summary)
+        if share:
+            out += ["", share]
     busy = [f"{r['target']} {fmt(r.get('server_cpu_pct'), 0)} %" for r in rows if r["round"] == 1]
     if busy:
         out += ["", f"Server CPU share during round 1's load: {', '.join(busy)}. Well under 100 % while the load "
@@ -1187,6 +1190,30 @@ def render_compare(report: dict[str, Any]) -> str:
     if report.get("error"):
         out += ["", f"**incomplete: {report['error']}**"]
     return "\n".join(out)
+
+
+#: The issue's CPU target measured on its machine: the gateway process 0.20 ms a call where the upstream's own
+#: HTTP server took 0.28 ms. Machines differ severalfold in Python speed; the share travels between them.
+ISSUE_CPU_TARGET_MS, ISSUE_BASELINE_CPU_MS = 0.20, 0.28
+
+
+def cpu_share(summary: dict[str, dict[str, float]]) -> str:
+    """The gateway process's CPU per call beside the baseline server's in the same run, as a share, and what that
+    share would be on the machine the issue measured (its baseline 0.28 ms); "" without a baseline figure."""
+    base = summary.get("baseline", {}).get("server_main_cpu_ms_per_call", math.nan)
+    if not base > 0:
+        return ""
+    parts = []
+    for target, figures in summary.items():
+        mine = figures.get("server_main_cpu_ms_per_call", math.nan)
+        if target != "baseline" and mine > 0:
+            parts.append(f"{target} {fmt(mine, 3)} ms = {fmt(mine / base, 2)}x "
+                         f"(~{fmt(mine / base * ISSUE_BASELINE_CPU_MS, 2)} ms on the issue's machine)")
+    if not parts:
+        return ""
+    return (f"Gateway process CPU per call (the stdio child apart) against the baseline server's {fmt(base, 3)} ms: "
+            + "; ".join(parts) + f". The issue's target {ISSUE_CPU_TARGET_MS:g} ms beside its baseline's "
+            f"{ISSUE_BASELINE_CPU_MS:g} ms is {fmt(ISSUE_CPU_TARGET_MS / ISSUE_BASELINE_CPU_MS, 2)}x.")
 
 
 def answer_paths(figures: dict[str, Any]) -> str:

@@ -221,6 +221,19 @@ def test_table_row_and_markdown() -> None:
     assert bench.markdown_table(["a"], []).splitlines() == ["| a |", "|---|"]
 
 
+def test_cpu_share_sets_the_gateway_process_beside_the_baseline_and_the_issue_machine() -> None:
+    summary = {"baseline": {"server_main_cpu_ms_per_call": 1.4},
+               "gateway-none": {"server_main_cpu_ms_per_call": 0.7},
+               "gateway-header": {"server_main_cpu_ms_per_call": NAN}}
+    line = bench.cpu_share(summary)
+    assert "gateway-none 0.700 ms = 0.50x (~0.14 ms on the issue's machine)" in line
+    assert "gateway-header" not in line  # not measured: left out, never shown as zero
+    assert "0.71x" in line  # the issue's own 0.20 / 0.28
+    assert bench.cpu_share({"gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""  # no baseline, no share
+    assert bench.cpu_share({"baseline": {"server_main_cpu_ms_per_call": NAN},
+                            "gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""
+
+
 @pytest.mark.parametrize(("taskset", "cpus", "server", "client", "says"), [
     pytest.param("/usr/bin/taskset", [0, 1], 0, 1, "CPU 0", id="two-cpus"),
     pytest.param("/usr/bin/taskset", [2, 5, 7], 2, 5, "CPU 2", id="first-two-allowed"),

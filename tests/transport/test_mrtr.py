@@ -236,7 +236,7 @@ async def test_the_same_request_sent_again_while_it_waits_gets_its_question_agai
     status, again = await gw.call(ALICE, ASK)
     assert status == 200
     assert list(again["result"]["inputRequests"]) == [key]
-    assert again["result"]["requestState"] != state
+    # The state names the same flow: sealed within the same millisecond it is even the same text (so no "differs").
     assert upstream_calls() == 1  # the waiting call was asked again, not started again
     status, _ = await gw.call(ALICE, ASK, request_id=9)  # another id is another call
     assert upstream_calls() == 2
