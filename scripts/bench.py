@@ -1024,6 +1024,8 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
     for round_no, target in interleave(cfg.rounds):
         progress(f"round {round_no}/{cfg.rounds}: {target}")
         report["rounds"].append(await run_target(cfg, round_no, target))
+    progress("the stdio upstream over its own pipes (the issue's calibration row)")
+    report["pipes"] = await pipes_phase(cfg)
     if cfg.paired_calls > 0:
         progress(f"one call at a time: {cfg.paired_calls} calls each to the baseline and both gateways, in turn")
         report["paired"] = await paired_phase(cfg)
@@ -1040,6 +1042,96 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
         for mode in ("none", "header"):
             progress(f"instructions: {cfg.instruction_calls} calls on a gateway under callgrind, auth={mode}")
             report["instructions"][mode] = await instruction_phase(cfg, mode)
+
+
+#: The issue's figure for the stdio upstream driven over its pipes on its machine: no HTTP, no gateway, so the
+#: ratio to this run's figure is how much faster or slower this machine runs the same Python.
+ISSUE_PIPES_CALLS_PER_SECOND = 5973.0
+
+
+class PipeClient:
+    """The stdio test upstream driven directly over its pipes: JSON-RPC lines out, answers matched by id."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        self.proc, self._stdin, self._stdout = proc, proc.stdin, proc.stdout
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while line := await self._stdout.readline():
+            message = json.loads(line)
+            request_id = message.get("id") if isinstance(message, dict) else None
+            waiter = self._waiting.pop(request_id, None) if isinstance(request_id, int) else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(RuntimeError("the upstream closed its output"))
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        n = next(_ids)
+        waiter = self._waiting[n] = asyncio.get_running_loop().create_future()
+        self._stdin.write(json.dumps({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).encode()
+                          + b"\n")
+        await self._stdin.drain()
+        return await asyncio.wait_for(waiter, REQUEST_TIMEOUT)
+
+    async def initialize(self) -> None:
+        await self.request("initialize", {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                                          "clientInfo": {"name": "satgate-bench", "version": "1"}})
+        self._stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        await self._stdin.drain()
+
+    async def close(self) -> None:
+        self._stdin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), STOP_TIMEOUT)
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self._reader.cancel()
+
+
+async def pipes_phase(cfg: CompareConfig) -> dict[str, Any]:
+    """The issue's calibration row: ``workers`` callers keep ``echo`` calls in flight on the stdio upstream's own
+    pipes for ``duration`` seconds; calls/s and the child's CPU per call."""
+    argv = [sys.executable, str(UPSTREAM_SERVER), "stdio"]
+    if cfg.pinning.server_cpu is not None:
+        argv = [TASKSET, "-c", str(cfg.pinning.server_cpu), *argv]
+    proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=base_env(), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+                                                limit=2 ** 20)
+    client = PipeClient(proc)
+    calls = errors = 0
+    try:
+        await client.initialize()
+        stop_at = time.perf_counter() + min(WARMUP_SECONDS, cfg.duration)
+        ticks: tuple[dict[int, int], dict[int, int]] | None = None
+
+        async def worker() -> None:
+            nonlocal calls, errors
+            while time.perf_counter() < stop_at:
+                answer = await client.request("tools/call", {"name": "echo", "arguments": {"text": "pipes"}})
+                if ticks is not None:
+                    calls += 1
+                    errors += not call_succeeded(answer)
+
+        await asyncio.gather(*(worker() for _ in range(cfg.workers)))  # warm-up
+        ticks = tree_ticks(proc.pid)
+        started = time.perf_counter()
+        stop_at = started + cfg.duration
+        await asyncio.gather(*(worker() for _ in range(cfg.workers)))
+        elapsed = time.perf_counter() - started
+        after = tree_ticks(proc.pid)
+    finally:
+        await client.close()
+    cps = calls / elapsed if elapsed > 0 else math.nan
+    return {"calls": calls, "errors": errors, "seconds": elapsed, "calls_per_second": cps,
+            "cpu_ms_per_call": cpu_ms_per_call(tick_delta(ticks[0], after[0]), CLK_TCK, calls),
+            "issue_calls_per_second": ISSUE_PIPES_CALLS_PER_SECOND,
+            "machine_factor": ratio(ISSUE_PIPES_CALLS_PER_SECOND, cps)}
 
 
 PAIRED_TARGETS = ("baseline", "gateway-none", "gateway-header")
@@ -1144,6 +1236,9 @@ def render_compare(report: dict[str, Any]) -> str:
         share = cpu_share(summary)
         if share:
             out += ["", share]
+    pipes = report.get("pipes")
+    if pipes:
+        out += ["", pipes_line(pipes, summarize_rounds(rows) if rows else None)]
     busy = [f"{r['target']} {fmt(r.get('server_cpu_pct'), 0)} %" for r in rows if r["round"] == 1]
     if busy:
         out += ["", f"Server CPU share during round 1's load: {', '.join(busy)}. Well under 100 % while the load "
@@ -1216,6 +1311,23 @@ def cpu_share(summary: dict[str, dict[str, float]]) -> str:
             f"{ISSUE_BASELINE_CPU_MS:g} ms is {fmt(ISSUE_CPU_TARGET_MS / ISSUE_BASELINE_CPU_MS, 2)}x.")
 
 
+def pipes_line(pipes: dict[str, Any], summary: dict[str, dict[str, float]] | None = None) -> str:
+    """The calibration row: what this machine does with no HTTP and no gateway, beside the issue's figure, and
+    the gateway process's CPU per call at the issue machine's speed by that factor."""
+    factor = float(pipes["machine_factor"])
+    line = (f"The stdio upstream over its own pipes (no HTTP, no gateway): {fmt(pipes['calls_per_second'])} calls/s, "
+            f"child CPU {fmt(pipes['cpu_ms_per_call'], 3)} ms/call, {pipes['errors']} errors; the issue measured "
+            f"{fmt(pipes['issue_calls_per_second'])} calls/s there, so this machine runs the same Python "
+            f"{fmt(factor, 2)}x slower (below 1: faster).")
+    scaled = [f"{target} {fmt(mine / factor, 3)} ms" for target, figures in (summary or {}).items()
+              if target != "baseline" and (mine := figures.get("server_main_cpu_ms_per_call", math.nan)) > 0
+              and factor > 0]
+    if scaled:
+        line += (" Gateway process CPU per call at the issue machine's speed by that factor: " + ", ".join(scaled)
+                 + f" (target {ISSUE_CPU_TARGET_MS:g} ms).")
+    return line
+
+
 def answer_paths(figures: dict[str, Any]) -> str:
     """The SSE and JSON answers to one kind of call, side by side, and their calls/s ratio."""
     parts = []
@@ -1233,6 +1345,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     duration, init_seconds, rounds = float(args.duration), float(args.init_seconds), int(args.rounds)
     per_target = 12 + WARMUP_SECONDS + SEQUENTIAL_MAX_SECONDS + duration + init_seconds
     extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
+    extras += 10 + WARMUP_SECONDS + duration  # the stdio upstream over its pipes
     extras += float(args.soak) + 20 if args.soak > 0 else 0
     extras += 2 * (90 + args.instructions / 10) if args.instructions > 0 else 0
     extras += 20 + args.paired_calls * 0.05 if args.paired_calls > 0 else 0

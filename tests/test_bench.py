@@ -234,6 +234,21 @@ def test_cpu_share_sets_the_gateway_process_beside_the_baseline_and_the_issue_ma
                             "gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""
 
 
+def test_the_pipes_line_tells_the_machine_factor_and_scales_the_gateway_cpu_by_it() -> None:
+    pipes = {"calls_per_second": 1991.0, "cpu_ms_per_call": 0.5, "errors": 0, "issue_calls_per_second": 5973.0,
+             "machine_factor": 3.0}
+    summary = {"baseline": {"server_main_cpu_ms_per_call": 1.2},
+               "gateway-none": {"server_main_cpu_ms_per_call": 0.54},
+               "gateway-header": {"server_main_cpu_ms_per_call": NAN}}
+    line = bench.pipes_line(pipes, summary)
+    assert "1,991.0 calls/s" in line
+    assert "3.00x slower" in line
+    assert "gateway-none 0.180 ms" in line
+    assert "(target 0.2 ms)" in line
+    assert "gateway-header" not in line  # not measured: never scaled from nothing
+    assert "at the issue machine's speed" not in bench.pipes_line(pipes)  # no rounds: the factor alone
+
+
 @pytest.mark.parametrize(("taskset", "cpus", "server", "client", "says"), [
     pytest.param("/usr/bin/taskset", [0, 1], 0, 1, "CPU 0", id="two-cpus"),
     pytest.param("/usr/bin/taskset", [2, 5, 7], 2, 5, "CPU 2", id="first-two-allowed"),
