@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 from collections.abc import Callable, MutableMapping
@@ -50,6 +51,20 @@ READY_WAIT_SECONDS = 30.0
 READY_POLL_SECONDS = 0.05
 #: App cleanup (upstream children) gets this long; the orphan guard then kills what is left.
 CLEANUP_TIMEOUT_SECONDS = 10.0
+
+
+#: The cyclic collector's thresholds once serving: CPython's 700 allocations for the young generation ran a
+#: collection every few calls; a call's objects die by reference count, so waiting longer costs little memory.
+GC_THRESHOLDS = (5000, 10, 10)
+
+
+def settle_heap() -> None:
+    """Once started: collect start-up's garbage, then move everything alive into the permanent generation
+    (modules, settings, the app: objects that live as long as the process), so the collector's full passes
+    under load look only at what serving made. One such pass over the whole start-up heap cost ~80 ms here."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _GatewayRunner(web.AppRunner):
@@ -126,6 +141,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     for lst in listeners:
         log.info("listening", host=lst.host, port=lst.port, source=lst.source, name=lst.name,
                  reuse_port=settings.reuse_port if lst.source == "bind" else None, ready=ready)
+    settle_heap()
     notifier.send("READY=1")
 
     await stop.wait()

@@ -101,3 +101,26 @@ def test_the_daemon_runs_on_uvloop_when_it_is_installed(monkeypatch: pytest.Monk
     if not installed:
         monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a missing package does
     assert runner.event_loop_factory() is (uvloop.new_event_loop if installed else None)
+
+
+def test_settle_heap_frees_start_up_cycles_then_freezes_what_lives_on() -> None:
+    """In a child interpreter: freezing the test process's own heap would change how this suite collects."""
+    script = textwrap.dedent("""
+        import gc, weakref
+        from satgate_mcp.daemon import runner
+
+        class Node:
+            pass
+
+        garbage = Node(); garbage.me = garbage; dead = weakref.ref(garbage); del garbage
+        kept = Node(); kept.me = kept
+        runner.settle_heap()
+        assert dead() is None, "start-up's cyclic garbage was frozen in, never to be freed"
+        assert gc.get_freeze_count() > 0
+        assert gc.is_tracked(kept) and gc.get_threshold() == runner.GC_THRESHOLDS
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
