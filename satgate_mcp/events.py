@@ -38,7 +38,8 @@ class LogPublisher:
     """Every event becomes one structured log line."""
 
     def __init__(self) -> None:
-        self._log = structlog.get_logger("satgate_mcp.events")
+        # The configured logger itself, not structlog's lazy proxy (which looks it up again on every line).
+        self._log = structlog.get_logger("satgate_mcp.events").bind()
 
     def publish(self, event: str, **fields: Any) -> None:
         self._log.info(event, **fields)

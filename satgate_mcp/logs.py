@@ -228,6 +228,50 @@ class SinkLogger:
     fatal = failure = err = error = critical = exception = msg
 
 
+#: The level methods a line logger makes in one frame; the rest (``exception``, ``log``, ...) stay structlog's.
+_LINE_METHODS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
+                 "error": logging.ERROR, "critical": logging.CRITICAL}
+
+
+def _line_method(name: str) -> Any:
+    """What structlog does for one line in four frames (interpolate, proxy, copy the context, run the chain),
+    in one: the same processors see the same event dict, ``DropEvent`` drops the line, and the last
+    processor's answer reaches the logger as structlog would hand it over."""
+    level_name = "warning" if name == "warn" else name
+
+    def meth(self: Any, event: str, *args: Any, **kw: Any) -> Any:
+        if args:
+            event = event % (args[0] if len(args) == 1 and isinstance(args[0], dict) and args[0] else args)
+        context = self._context
+        event_dict: Any = {**context, **kw} if context else kw  # ``kw`` is this call's own dict
+        event_dict["event"] = event
+        logger = self._logger
+        try:
+            for proc in self._processors:
+                event_dict = proc(logger, level_name, event_dict)
+        except structlog.DropEvent:
+            return None
+        write = getattr(logger, level_name)
+        if isinstance(event_dict, (bytes, str, bytearray)):
+            return write(event_dict)
+        if isinstance(event_dict, tuple):
+            return write(*event_dict[0], **event_dict[1])
+        if isinstance(event_dict, dict):
+            return write(**event_dict)
+        raise ValueError("Last processor didn't return an appropriate value.")
+
+    meth.__name__ = name
+    return meth
+
+
+def line_logger_class(level: int) -> type[Any]:
+    """structlog's level-filtering bound logger (``bind``, ``new``, below-level methods that do nothing),
+    with each enabled level's method made by ``_line_method``: a hot-path line costs less than half."""
+    base: type[Any] = structlog.make_filtering_bound_logger(level)
+    enabled = {name: _line_method(name) for name, at in _LINE_METHODS.items() if at >= level}
+    return type(f"Line{base.__name__}", (base,), enabled)
+
+
 class _NamedWriteLogger(structlog.WriteLogger):
     """A text logger (console format) that remembers the name it was asked for."""
 
@@ -259,7 +303,7 @@ def configure_logging(settings: Settings) -> None:
     structlog.configure(
         processors=tail,
         logger_factory=logger_factory,
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        wrapper_class=line_logger_class(level),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(

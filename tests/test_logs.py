@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 from structlog.testing import capture_logs
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import jsonrpc, logs
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import StaticTokenAuthenticator
 from satgate_mcp.events import LogPublisher
@@ -229,3 +229,55 @@ def test_outside_the_loop_a_line_is_written_at_once_and_a_closed_stream_is_no_cr
     stream.close()
     sink.write(b"after close\n")  # a log line must never take the daemon down
     sink.flush()
+
+
+class _Recorder:
+    """A logger that keeps what each level method was handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: self.calls.append((name, args, kw))
+
+
+def _drop_skipped(_logger: Any, _name: str, event_dict: Any) -> Any:
+    if event_dict.get("skip"):
+        raise structlog.DropEvent
+    return event_dict
+
+
+@pytest.mark.parametrize("last", [
+    pytest.param(lambda _l, name, d: json.dumps({"level": name, **d}, sort_keys=True).encode(), id="bytes"),
+    pytest.param(lambda _l, name, d: json.dumps({"level": name, **d}, sort_keys=True), id="text"),
+    pytest.param(lambda _l, name, d: dict(d, level=name), id="dict"),
+    pytest.param(lambda _l, name, d: ((name,), dict(d)), id="args-and-kwargs"),
+])
+@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO, logging.WARNING])
+def test_the_line_logger_hands_over_what_structlogs_own_logger_would(last: Any, level: int) -> None:
+    """The one-frame level methods change the cost of a line, never the line: every call below reaches the
+    logger exactly as through structlog's own filtering logger (context, interpolation, drops, levels)."""
+    def run(wrapper: type[Any]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        recorder = _Recorder()
+        log = wrapper(recorder, processors=[_drop_skipped, last], context={})
+        log.info("plain", n=1)
+        log.bind(token_id="t1", n=0).warning("bound %s", "arg", n=2)  # the call's own value beats the context's
+        log.warn("by mapping %(who)s", {"who": "you"})
+        log.debug("quiet below info", n=3)
+        log.error("dropped", skip=True)
+        log.info("%d%%", 5)
+        log.critical("last")
+        return recorder.calls
+
+    mine = run(logs.line_logger_class(level))
+    assert mine == run(structlog.make_filtering_bound_logger(level))
+    assert not any("dropped" in repr(call) for call in mine)
+
+
+def test_a_line_loggers_context_is_never_written_into() -> None:
+    recorder = _Recorder()
+    context = {"token_id": "t1"}
+    log = logs.line_logger_class(logging.INFO)(recorder, processors=[lambda _l, _n, d: d], context=context)
+    log.info("one", extra=1)
+    assert context == {"token_id": "t1"}
+    assert recorder.calls == [("info", (), {"token_id": "t1", "extra": 1, "event": "one"})]

@@ -44,6 +44,7 @@ def logs_request(path: str, *, log_health: bool) -> bool:
 def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
     # labels() takes a lock and builds a key per call; the bounded label set makes a cache safe.
     counters: dict[tuple[str, int], Counter] = {}
+    http_log = log.bind()  # the configured logger, not the lazy proxy that looks it up on every line
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -64,7 +65,7 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
                 counter = counters[key] = metrics.requests.labels(method=key[0], status=str(status))
             counter.inc()
             if logs_request(request.path, log_health=log_health):
-                log.info("http_request", method=request.method, path=request.path, status=status,
+                http_log.info("http_request", method=request.method, path=request.path, status=status,
                          session_id=request.get(SESSION_ID), rpc_method=rpc_method, token_id=request.get(TOKEN_ID),
                          client=request.remote, duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
