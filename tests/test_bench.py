@@ -249,6 +249,18 @@ def test_the_pipes_line_tells_the_machine_factor_and_scales_the_gateway_cpu_by_i
     assert "at the issue machine's speed" not in bench.pipes_line(pipes)  # no rounds: the factor alone
 
 
+def test_the_instruction_line_sets_each_gateway_beside_the_baseline() -> None:
+    line = bench.instructions_line({
+        "baseline": {"per_call": 4_000_000.0, "calls": 400, "errors": 0},
+        "none": {"per_call": 1_200_000.0, "calls": 400, "errors": 0},
+        "header": {"per_call": 1_280_000.0, "calls": 400, "errors": 1}})
+    assert "baseline 4.000 M (400 calls, 0 errors)" in line
+    assert "none 1.200 M = 0.30x the baseline's" in line
+    assert "header 1.280 M = 0.32x the baseline's (400 calls, 1 errors)" in line
+    alone = bench.instructions_line({"none": {"per_call": 1_200_000.0, "calls": 400, "errors": 0}})
+    assert "x the baseline's" not in alone  # no baseline counted: no share
+
+
 @pytest.mark.parametrize(("taskset", "cpus", "server", "client", "says"), [
     pytest.param("/usr/bin/taskset", [0, 1], 0, 1, "CPU 0", id="two-cpus"),
     pytest.param("/usr/bin/taskset", [2, 5, 7], 2, 5, "CPU 2", id="first-two-allowed"),
