@@ -1498,8 +1498,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one call at a time to the baseline and both gateways in turn, this many each "
                               "(default 300; 0 skips)")
     compare.add_argument("--instructions", type=bounded_int(0, 100_000), default=0, metavar="CALLS",
-                         help="then count the gateway's instructions per call under valgrind's callgrind over "
-                              "this many calls, auth none and header (400 is plenty; default 0: skipped)")
+                         help="then count instructions per call under valgrind's callgrind over this many "
+                              "calls: the baseline, and the gateway in auth none and header (400 is plenty; "
+                              "default 0: skipped)")
     compare.add_argument("--baseline-json", action="store_true",
                          help="run the baseline with --json-response (default: the SDK's SSE answers)")
     return parser
