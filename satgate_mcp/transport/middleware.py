@@ -66,7 +66,8 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
             counter.inc()
             if logs_request(request.path, log_health=log_health):
                 http_log.info("http_request", method=request.method, path=request.path, status=status,
-                         session_id=request.get(SESSION_ID), rpc_method=rpc_method, token_id=request.get(TOKEN_ID),
-                         client=request.remote, duration_ms=round((time.perf_counter() - started) * 1000, 2))
+                              session_id=request.get(SESSION_ID), rpc_method=rpc_method,
+                              token_id=request.get(TOKEN_ID), client=request.remote,
+                              duration_ms=round((time.perf_counter() - started) * 1000, 2))
 
     return middleware
