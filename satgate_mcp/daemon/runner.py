@@ -59,7 +59,7 @@ GC_THRESHOLDS = (5000, 10, 10)
 
 
 def settle_heap() -> None:
-    """Once started: collect start-up's garbage, then move everything alive into the permanent generation
+    """Once set up: collect start-up's garbage, then move everything alive into the permanent generation
     (modules, settings, the app: objects that live as long as the process), so the collector's full passes
     under load look only at what serving made. One such pass over the whole start-up heap cost ~80 ms here."""
     gc.collect()
@@ -133,6 +133,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     if stop.is_set():
         log.info("stopped_during_startup")
         return ExitCode.OK
+    settle_heap()  # before listening: its full collection would hold up the first connections
     sites = [web.SockSite(runner, lst.sock, backlog=BACKLOG) for lst in listeners]
     for site in sites:
         await site.start()
@@ -141,7 +142,6 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     for lst in listeners:
         log.info("listening", host=lst.host, port=lst.port, source=lst.source, name=lst.name,
                  reuse_port=settings.reuse_port if lst.source == "bind" else None, ready=ready)
-    settle_heap()
     notifier.send("READY=1")
 
     await stop.wait()
