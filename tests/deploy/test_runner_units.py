@@ -113,11 +113,10 @@ def test_settle_heap_frees_start_up_cycles_then_freezes_what_lives_on() -> None:
             pass
 
         garbage = Node(); garbage.me = garbage; dead = weakref.ref(garbage); del garbage
-        kept = Node(); kept.me = kept
         runner.settle_heap()
         assert dead() is None, "start-up's cyclic garbage was frozen in, never to be freed"
-        assert gc.get_freeze_count() > 0
-        assert gc.is_tracked(kept) and gc.get_threshold() == runner.GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0  # what lives on is out of the collector's passes
+        assert gc.get_threshold() == runner.GC_THRESHOLDS
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
