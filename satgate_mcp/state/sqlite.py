@@ -90,8 +90,8 @@ def _connect(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
 class immediate:
     """One read-modify-write transaction: the write lock is taken first, so no other writer interleaves.
 
-    Inside a batch's transaction (the usual case) the batch already holds the lock and each job runs
-    under its own savepoint, so this adds nothing. A class, not a generator: it is entered twice a call.
+    Inside a batch's transaction (the usual case) the batch already holds the lock, so this adds
+    nothing. A class, not a generator: it is entered twice a call.
     """
 
     __slots__ = ("_began", "_conn")
@@ -139,7 +139,7 @@ _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 
 
 class _Maintenance:
-    """A worker chore outside the ordered jobs: checkpoint the WAL, purge expired rows."""
+    """A worker chore outside the ordered jobs: checkpoint the WAL (expired rows are the loop's to purge)."""
 
 
 _MAINTAIN = _Maintenance()
@@ -225,8 +225,8 @@ def _run_jobs(conn: sqlite3.Connection, batch: list[Queued], *, savepoints: bool
 class Database:
     """The state folder's database: jobs run on the event loop's own connection, once per turn of the loop.
 
-    Everything asked for in one turn commits in one transaction (each job under its own savepoint, so
-    a failing job undoes only itself), and results are handed back only after the commit, so an
+    Everything asked for in one turn commits in one transaction (a failing job undoes only itself:
+    ``_transact``), and results are handed back only after the commit, so an
     answered charge is on disk; a write nobody waits for waits up to ``WRITE_BEHIND_SECONDS`` for a
     job to share a transaction with. A commit in WAL mode with ``synchronous=NORMAL`` is a write to the
     page cache, cheaper than handing the job to a thread and back (two context switches, and on one
@@ -460,7 +460,7 @@ def _put_account(conn: sqlite3.Connection, key: str, account: Account) -> None:
 
 def charge_in(conn: sqlite3.Connection, key: str, cost: float, *, limit: float | None, enforce: bool,
               now: float) -> Charge:
-    """``BudgetStore.charge`` as one step of a job on the worker's connection."""
+    """``BudgetStore.charge`` as one step of a job, on whichever connection runs its batch."""
     if limit is None and _live_account(conn, key, now) is None:
         return Charge(True, None)  # unlimited: nothing to lock, nothing to store
     with immediate(conn):
@@ -549,7 +549,7 @@ class SqliteDuplicateStore:
 
     def apply_behind(self, key: str, table: Table) -> None:
         """``apply`` written behind, for a caller that needs no answer: after every job already asked for, so
-        this process's next copy of the call (queued later) sees it; a failure is logged by the worker."""
+        this process's next copy of the call (queued later) sees it; a failure is logged."""
         self._db.submit(lambda conn: apply_in(conn, key, table, now=self._db.clock(), ttl=self._ttl))
 
     async def close(self) -> None:
@@ -557,7 +557,7 @@ class SqliteDuplicateStore:
 
 
 def apply_in(conn: sqlite3.Connection, key: str, table: Table, *, now: float, ttl: float) -> str:
-    """``DuplicateStore.apply`` as one step of a job on the worker's connection.
+    """``DuplicateStore.apply`` as one step of a job, on whichever connection runs its batch.
 
     The two transitions every call makes are tried first as one conditional write: a record created
     where there is none (arrival), a running record deleted (settlement). Only when that write finds
@@ -591,9 +591,9 @@ def apply_in(conn: sqlite3.Connection, key: str, table: Table, *, now: float, tt
 class SqliteAdmissions:
     """``Admissions`` on the state database: a guarded call's arrival and its charge in one job.
 
-    One trip to the worker and one savepoint instead of two trips (three when the charge is refused):
-    a call's latency pays one thread hop at admission, and a refused charge takes its arrival record
-    back in the same transaction, so no refused call ever leaves a record, even for an instant.
+    One job instead of two (three when the charge is refused), so one transaction, and a refused
+    charge takes its arrival record back in that same transaction: no refused call ever leaves a
+    record, even for an instant.
     """
 
     def __init__(self, db: Database, *, ttl: float = DUPLICATE_TTL_SECONDS) -> None:
