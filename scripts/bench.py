@@ -1112,32 +1112,35 @@ async def pipes_phase(cfg: CompareConfig) -> dict[str, Any]:
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
                                                 limit=2 ** 20)
     client = PipeClient(proc)
-    calls = errors = 0
-    try:
-        await client.initialize()
-        stop_at = time.perf_counter() + min(WARMUP_SECONDS, cfg.duration)
-        ticks: tuple[dict[int, int], dict[int, int]] | None = None
+
+    async def calls_for(seconds: float) -> tuple[int, int]:
+        """``cfg.workers`` callers until ``seconds`` pass; (calls, errors)."""
+        calls = errors = 0
+        stop_at = time.perf_counter() + seconds
 
         async def worker() -> None:
             nonlocal calls, errors
             while time.perf_counter() < stop_at:
                 answer = await client.request("tools/call", {"name": "echo", "arguments": {"text": "pipes"}})
-                if ticks is not None:
-                    calls += 1
-                    errors += not call_succeeded(answer)
+                calls += 1
+                errors += not call_succeeded(answer)
 
-        await asyncio.gather(*(worker() for _ in range(cfg.workers)))  # warm-up
-        ticks = tree_ticks(proc.pid)
-        started = time.perf_counter()
-        stop_at = started + cfg.duration
         await asyncio.gather(*(worker() for _ in range(cfg.workers)))
+        return calls, errors
+
+    try:
+        await client.initialize()
+        await calls_for(min(WARMUP_SECONDS, cfg.duration))  # warm-up
+        before = tree_ticks(proc.pid)
+        started = time.perf_counter()
+        calls, errors = await calls_for(cfg.duration)
         elapsed = time.perf_counter() - started
         after = tree_ticks(proc.pid)
     finally:
         await client.close()
     cps = calls / elapsed if elapsed > 0 else math.nan
     return {"calls": calls, "errors": errors, "seconds": elapsed, "calls_per_second": cps,
-            "cpu_ms_per_call": cpu_ms_per_call(tick_delta(ticks[0], after[0]), CLK_TCK, calls),
+            "cpu_ms_per_call": cpu_ms_per_call(tick_delta(before[0], after[0]), CLK_TCK, calls),
             "issue_calls_per_second": ISSUE_PIPES_CALLS_PER_SECOND,
             "machine_factor": ratio(ISSUE_PIPES_CALLS_PER_SECOND, cps)}
 
