@@ -78,8 +78,10 @@ class ChannelFollower:
                     log.warning(self._lost_event, channel=self.channel, error=type(exc).__name__)
                 self.following.clear()
             finally:
+                # redis-py typed PubSub.aclose in 8.x; through a typed name, the call checks on older and newer alike.
+                close: Callable[[], Awaitable[None]] = pubsub.aclose
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await close()
             if not self._closing:
                 await asyncio.sleep(self._resync_interval)
 

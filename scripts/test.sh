@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
-# The whole test suite, install included: lint, types, deploy-file checks, then pytest.
+# The whole test suite, install included: lint, types, deploy-file checks, pytest, the install check on the
+# oldest and newest supported Python, and the conformance runs.
 # Usage: bash scripts/test.sh [extra pytest args]
+#   SATGATE_DEPS=locked (default) installs exactly requirements/test.txt (hashes checked);
+#   SATGATE_DEPS=newest installs the newest versions pyproject.toml allows (scripts/test-newest.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${SATGATE_TEST_VENV:-.venv}"
+DEPS="${SATGATE_DEPS:-locked}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e ".[test]"
+case "$DEPS" in
+  locked)
+    # pip-sync's effect with plain pip: what the lock names, at its versions and hashes; then the project itself,
+    # with the locked setuptools (no build isolation, so nothing unpinned is fetched to build it).
+    "$VENV/bin/python" -m pip install --quiet --require-hashes -r requirements/test.txt
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+    echo "== lock"
+    SATGATE_UV="$VENV/bin/uv" bash scripts/lock.sh --check
+    ;;
+  newest)
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
+    "$VENV/bin/python" -m pip list --format=freeze > "$VENV/newest-versions.txt"
+    echo "== newest allowed versions (list in $VENV/newest-versions.txt)"
+    ;;
+  *)
+    echo "SATGATE_DEPS must be locked or newest, not '$DEPS'" >&2
+    exit 2
+    ;;
+esac
 
 # Tests that need a shared store use the machine's Redis; start one if it is installed but not running.
 if command -v redis-cli >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
@@ -28,6 +50,9 @@ if [ -f scripts/check-deploy.sh ]; then
 fi
 echo "== pytest"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+# The README's install command on the oldest and newest supported Python (each found on PATH), in fresh venvs.
+echo "== install check"
+"$VENV/bin/python" scripts/check_install.py
 # The official MCP conformance suite, directly and through the gateway (npm install into .conformance/ once).
 # SATGATE_CONFORMANCE=0 skips it for a quick local run; CI (.ci/run) always runs it.
 if [ "${SATGATE_CONFORMANCE:-1}" != "0" ]; then

@@ -126,3 +126,30 @@ def test_env_example_means_the_same_to_docker_systemd_and_dotenv(monkeypatch: py
     for name, value in examples.items():
         monkeypatch.setenv(name, value)
     assert Settings().upstreams, "the commented upstream example loads as Docker would pass it"
+
+
+def test_dockerfile_builds_from_a_digest_and_the_lock() -> None:
+    """Two builds of the image get the same base and the same Python packages: a digest, and only locked pips."""
+    text = (REPO / "Dockerfile").read_text()
+    image = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert image is not None
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", image.group(1))
+    assert set(re.findall(r"^FROM (\S+)", text, re.M)) == {"${PYTHON_IMAGE}"}
+    installs = re.findall(r"pip install ([^\n&]+)", text)
+    assert installs == ["--no-cache-dir --require-hashes -r requirements/runtime.txt",
+                        "--no-cache-dir --no-deps --no-build-isolation ."]
+    assert "!requirements/runtime.txt" in (REPO / ".dockerignore").read_text().splitlines()
+
+
+def test_locks_pin_every_package_with_hashes() -> None:
+    """pip's hash-checking mode refuses a lock with any unpinned or unhashed line, so check both here too."""
+    for name in ("runtime.txt", "test.txt"):
+        text = (REPO / "requirements" / name).read_text()
+        entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 2)[2].strip())
+        assert len(entries) > 10, name
+        for entry in entries:
+            assert re.match(r"[A-Za-z0-9._-]+==\S+", entry), entry[:80]
+            assert "--hash=sha256:" in entry, entry[:80]
+    runtime = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", (REPO / "requirements/runtime.txt").read_text(), re.M))
+    test = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", (REPO / "requirements/test.txt").read_text(), re.M))
+    assert {k: test.get(k) for k in runtime} == runtime, "the tests run the versions users install"
