@@ -15,7 +15,6 @@ import re
 import sys
 import threading
 import time
-from asyncio import events as asyncio_events
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -23,6 +22,7 @@ import orjson
 import structlog
 from structlog.types import EventDict, Processor
 
+from satgate_mcp.loops import running_loop
 from satgate_mcp.settings import Settings
 
 REDACTED = "[redacted]"
@@ -189,7 +189,7 @@ class LineSink:
         atexit.register(self.flush)
 
     def write(self, line: bytes) -> None:
-        loop = asyncio_events._get_running_loop()
+        loop = running_loop()
         with self._lock:
             self._pending.append(line)
             if loop is None:

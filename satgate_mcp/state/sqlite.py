@@ -29,7 +29,6 @@ import queue
 import sqlite3
 import threading
 import time
-from asyncio import events as asyncio_events
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +37,7 @@ from typing import Any, TypeVar
 import structlog
 
 from satgate_mcp.auth.revocation import DEFAULT_CHECK_INTERVAL, check_token_id
+from satgate_mcp.loops import running_loop
 from satgate_mcp.policy.admissions import Arrived, ChargeAsk, refused_record
 from satgate_mcp.policy.budget import EPSILON, Charge
 from satgate_mcp.policy.duplicates import ARRIVAL, DUPLICATE_TTL_SECONDS, Arrival, Record, State, Table
@@ -286,7 +286,7 @@ class Database:
         """Write behind: after every job already asked for; a failure is logged."""
         if self._closed:
             return
-        loop = asyncio_events._get_running_loop()
+        loop = running_loop()
         if loop is None:  # no loop in this thread: the worker keeps the order for such callers
             self._queue.put(((fn, None), False))
             return
