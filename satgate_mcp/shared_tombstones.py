@@ -13,7 +13,6 @@ resume grants nothing a fresh ``initialize`` with the same token would not.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import redis.asyncio as redis
@@ -41,8 +40,6 @@ class RedisTombstones:
                                          lost_event="shared_tombstones_unfollowed")
         #: Set once the subscription is live (tests await it before a DELETE elsewhere).
         self.following = self._follower.following
-        #: Set whenever a remote DELETE was applied here (tests await it).
-        self.applied = asyncio.Event()
 
     def start(self) -> None:
         self._follower.start()
@@ -69,7 +66,6 @@ class RedisTombstones:
 
     def _published(self, session_id: str) -> None:
         self.on_remote_delete(session_id)
-        self.applied.set()
 
     async def aclose(self) -> None:
         await self._follower.aclose()

@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as redis
@@ -37,9 +37,34 @@ SPREAD = 1.0
 RACES = 150
 
 
+class AppliedDeletes:
+    """The session ids whose remote DELETE a gateway has applied, recorded as its tombstones apply them."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.changed = asyncio.Event()
+
+    def follow(self, app: web.Application) -> None:
+        tombstones = app[TOMBSTONES]
+        apply = tombstones.on_remote_delete
+
+        def applied(session_id: str) -> None:
+            apply(session_id)
+            self.ids.add(session_id)
+            self.changed.set()
+
+        tombstones.on_remote_delete = applied
+
+    async def wait(self, session_id: str) -> None:
+        while session_id not in self.ids:
+            self.changed.clear()
+            await self.changed.wait()
+
+
 @dataclass
 class Gateway:
     http: TestClient[web.Request, web.Application]
+    deletes: AppliedDeletes = field(default_factory=AppliedDeletes)
 
     def headers(self, session: str | None) -> dict[str, str]:
         sent = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
@@ -88,16 +113,16 @@ async def start(aiohttp_client: AiohttpClient) -> StartGateway:
         settings = Settings(auth_mode="header", root_key=SecretStr(KEY), redis_url=REDIS_URL, state_dir="memory")
         gateway = Gateway(await aiohttp_client(create_app(settings, pool=FakePool(), policy=AllowAllPolicy())))
         await asyncio.wait_for(gateway.app[TOMBSTONES].following.wait(), 5)
+        gateway.deletes.follow(gateway.app)
         return gateway
 
     return make
 
 
 async def until_refused(gateway: Gateway, session: str) -> None:
-    """The copy on ``gateway`` is gone once a request with its id is 404."""
-    # The remote DELETE arrives by pub/sub; what the test can observe of it is the next answer.
-    while await gateway.ping(session) != 404:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
+    """The DELETE made elsewhere reaches ``gateway`` by pub/sub; once applied there, its copy is gone."""
+    await gateway.deletes.wait(session)
+    assert await gateway.ping(session) == 404
 
 
 async def test_a_session_deleted_on_a_is_not_served_again_by_b_or_by_a_fresh_process(start: StartGateway) -> None:
