@@ -41,7 +41,7 @@ if command -v redis-cli >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping
 fi
 
 echo "== ruff"
-"$VENV/bin/ruff" check satgate_mcp tests scripts
+"$VENV/bin/ruff" check satgate_mcp tests scripts bench
 echo "== mypy --strict"
 "$VENV/bin/mypy" --strict
 if [ -f scripts/check-deploy.sh ]; then

@@ -1,30 +1,70 @@
-"""The pure parts of scripts/bench.py: what its figures are computed and printed with. No process is started."""
+"""The bench package's pure parts (what its figures are computed and printed with), its one client against a
+scripted server, and its two entry points. No gateway is started."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
 
-BENCH_PATH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+from bench.calibration import (
+    ISSUE_BASELINE_CPU_MS,
+    CpuShare,
+    at_issue_speed,
+    baseline_cpu_ms,
+    cpu_shares,
+    machine_factor,
+)
+from bench.cli import build_parser
+from bench.client import (
+    ACCEPT_JSON,
+    PROGRESS_CALL,
+    Client,
+    ToolCall,
+    call_succeeded,
+    client_session,
+    jsonrpc_answer,
+    sse_data,
+    tool_call_request,
+)
+from bench.compare import estimated_seconds
+from bench.load import server_cpu_per_call
+from bench.processes import TASKSET, callgrind_total, make_auth, pin_plan, pinned
+from bench.procfs import CLK_TCK, ProcStat, descendants, parse_proc_stat, rss_kib, tick_delta
+from bench.render import (
+    answer_paths,
+    cpu_share,
+    fmt,
+    instructions_line,
+    jsonable,
+    markdown_table,
+    pipes_line,
+    plain_text,
+    render_compare,
+    table_row,
+)
+from bench.stats import (
+    Report,
+    RunLabel,
+    Tally,
+    cpu_ms_per_call,
+    interleave,
+    median,
+    percentile,
+    ratio,
+    summarize,
+    summarize_rounds,
+    with_ratios,
+)
 
-
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("satgate_bench", BENCH_PATH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+REPO = Path(__file__).resolve().parents[1]
 NAN = math.nan
 
 
@@ -41,7 +81,7 @@ def same(a: float, b: float) -> bool:
     pytest.param([1.0, 2.0], 1.0, 2.0, id="p100-is-max"),
 ])
 def test_percentile(values: list[float], fraction: float, expected: float) -> None:
-    assert same(bench.percentile(values, fraction), expected)
+    assert same(percentile(values, fraction), expected)
 
 
 STAT_TAIL = "S 1 100 100 0 -1 4194560 500 0 0 0 {utime} {stime} 3 4 20 0 2 0 12345 1000000 2000 0 0"
@@ -54,7 +94,7 @@ STAT_TAIL = "S 1 100 100 0 -1 4194560 500 0 0 0 {utime} {stime} 3 4 20 0 2 0 123
     pytest.param("10 (x) " + STAT_TAIL.format(utime=5, stime=6) + "\n", 10, 1, 11, id="trailing-newline"),
 ])
 def test_parse_proc_stat(line: str, pid: int, ppid: int, ticks: int) -> None:
-    assert bench.parse_proc_stat(line) == bench.ProcStat(pid, ppid, ticks)
+    assert parse_proc_stat(line) == ProcStat(pid, ppid, ticks)
 
 
 @pytest.mark.parametrize("line", [
@@ -63,11 +103,11 @@ def test_parse_proc_stat(line: str, pid: int, ppid: int, ticks: int) -> None:
 ])
 def test_parse_proc_stat_refuses(line: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - both reasons are ValueError by design
-        bench.parse_proc_stat(line)
+        parse_proc_stat(line)
 
 
 def test_parse_proc_stat_reads_this_process() -> None:
-    stat = bench.parse_proc_stat(Path("/proc/self/stat").read_text())
+    stat = parse_proc_stat(Path("/proc/self/stat").read_text())
     assert stat.ticks >= 0
     assert stat.ppid > 0
 
@@ -79,7 +119,7 @@ def test_parse_proc_stat_reads_this_process() -> None:
     pytest.param(10, {10: 1, 11: 10, 20: 1, 21: 20}, [11], id="not-a-sibling's"),
 ])
 def test_descendants(root: int, parent_of: dict[int, int], expected: list[int]) -> None:
-    assert bench.descendants(root, parent_of) == expected
+    assert descendants(root, parent_of) == expected
 
 
 @pytest.mark.parametrize(("before", "after", "expected"), [
@@ -90,7 +130,7 @@ def test_descendants(root: int, parent_of: dict[int, int], expected: list[int]) 
     pytest.param({1: 100}, {1: 10}, 10, id="pid-reused-counts-from-zero"),
 ])
 def test_tick_delta(before: dict[int, int], after: dict[int, int], expected: int) -> None:
-    assert bench.tick_delta(before, after) == expected
+    assert tick_delta(before, after) == expected
 
 
 @pytest.mark.parametrize(("ticks", "clk_tck", "calls", "expected"), [
@@ -100,7 +140,7 @@ def test_tick_delta(before: dict[int, int], after: dict[int, int], expected: int
     pytest.param(5, 0, 10, NAN, id="no-clock"),
 ])
 def test_cpu_ms_per_call(ticks: int, clk_tck: int, calls: int, expected: float) -> None:
-    assert same(bench.cpu_ms_per_call(ticks, clk_tck, calls), expected)
+    assert same(cpu_ms_per_call(ticks, clk_tck, calls), expected)
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -112,7 +152,7 @@ def test_cpu_ms_per_call(ticks: int, clk_tck: int, calls: int, expected: float) 
     pytest.param("id: 1\ndata:\n\n", [""], id="priming-event"),
 ])
 def test_sse_data(body: str, expected: list[str]) -> None:
-    assert bench.sse_data(body) == expected
+    assert sse_data(body) == expected
 
 
 ANSWER = {"jsonrpc": "2.0", "id": 5, "result": {"content": [], "isError": False}}
@@ -132,7 +172,7 @@ ANSWER = {"jsonrpc": "2.0", "id": 5, "result": {"content": [], "isError": False}
                  id="server-request-same-id-is-not-the-answer"),
 ])
 def test_jsonrpc_answer(content_type: str, body: str, request_id: object, expected: object) -> None:
-    assert bench.jsonrpc_answer(content_type, body.encode(), request_id) == expected
+    assert jsonrpc_answer(content_type, body.encode(), request_id) == expected
 
 
 @pytest.mark.parametrize(("message", "ok"), [
@@ -142,7 +182,7 @@ def test_jsonrpc_answer(content_type: str, body: str, request_id: object, expect
     pytest.param(None, False, id="no-answer"),
 ])
 def test_call_succeeded(message: dict[str, Any] | None, ok: bool) -> None:
-    assert bench.call_succeeded(message) is ok
+    assert call_succeeded(message) is ok
 
 
 @pytest.mark.parametrize(("rounds", "targets", "expected"), [
@@ -151,11 +191,11 @@ def test_call_succeeded(message: dict[str, Any] | None, ok: bool) -> None:
     pytest.param(0, ("a",), [], id="no-rounds"),
 ])
 def test_interleave(rounds: int, targets: tuple[str, ...], expected: list[tuple[int, str]]) -> None:
-    assert bench.interleave(rounds, targets) == expected
+    assert interleave(rounds, targets) == expected
 
 
 def test_interleave_default_targets() -> None:
-    assert [t for _, t in bench.interleave(1)] == ["baseline", "gateway-none", "gateway-header"]
+    assert [t for _, t in interleave(1)] == ["baseline", "gateway-none", "gateway-header"]
 
 
 @pytest.mark.parametrize(("value", "base", "expected"), [
@@ -165,7 +205,7 @@ def test_interleave_default_targets() -> None:
     pytest.param(1.0, NAN, NAN, id="nan-base"),
 ])
 def test_ratio(value: float, base: float, expected: float) -> None:
-    assert same(bench.ratio(value, base), expected)
+    assert same(ratio(value, base), expected)
 
 
 @pytest.mark.parametrize(("values", "expected"), [
@@ -175,7 +215,7 @@ def test_ratio(value: float, base: float, expected: float) -> None:
     pytest.param([NAN, 5.0], 5.0, id="nan-ignored"),
 ])
 def test_median(values: list[float], expected: float) -> None:
-    assert same(bench.median(values), expected)
+    assert same(median(values), expected)
 
 
 @pytest.mark.parametrize(("value", "digits", "expected"), [
@@ -185,7 +225,7 @@ def test_median(values: list[float], expected: float) -> None:
     pytest.param(None, 2, "n/a", id="none"),
 ])
 def test_fmt(value: float | None, digits: int, expected: str) -> None:
-    assert bench.fmt(value, digits) == expected
+    assert fmt(value, digits) == expected
 
 
 def test_with_ratios_and_summary() -> None:
@@ -196,10 +236,10 @@ def test_with_ratios_and_summary() -> None:
         {"round": 2, "target": "gateway-none", "calls_per_second": 150.0, "p50_ms": 3.0, "errors": 0},
         {"round": 3, "target": "gateway-none", "calls_per_second": 10.0, "p50_ms": 9.0, "errors": 0},
     ]
-    rated = bench.with_ratios(rows)
+    rated = with_ratios(rows)
     assert [r["ratio"] for r in rated[:4]] == [1.0, 0.5, 1.0, 0.75]
     assert math.isnan(rated[4]["ratio"])  # no baseline in its round: no ratio, never another round's
-    summary = bench.summarize_rounds(rated)
+    summary = summarize_rounds(rated)
     assert list(summary) == ["baseline", "gateway-none"]
     assert summary["gateway-none"]["ratio"] == pytest.approx(0.625)  # median of per-round ratios
     assert summary["gateway-none"]["calls_per_second"] == 50.0
@@ -208,7 +248,7 @@ def test_with_ratios_and_summary() -> None:
 
 
 def test_table_row_and_markdown() -> None:
-    row = bench.table_row("r1 gateway-none", {"calls_per_second": 1500.0, "ratio": 0.5, "p50_ms": 1.0,
+    row = table_row("r1 gateway-none", {"calls_per_second": 1500.0, "ratio": 0.5, "p50_ms": 1.0,
                                                "p99_ms": 9.0, "sequential_p50_ms": 0.7,
                                                "server_cpu_ms_per_call": 0.9, "server_main_cpu_ms_per_call": 0.6,
                                                "server_children_cpu_ms_per_call": 0.3,
@@ -216,21 +256,21 @@ def test_table_row_and_markdown() -> None:
                                                "errors": 2})
     assert row == ["r1 gateway-none", "1,500.0", "0.50", "1.00", "9.00", "0.70", "0.900 (0.600 + 0.300)", "n/a",
                    "40 %", "2"]
-    table = bench.markdown_table(["a", "long header"], [["xyz", "1"]]).splitlines()
+    table = markdown_table(["a", "long header"], [["xyz", "1"]]).splitlines()
     assert table == ["| a   | long header |", "|-----|-------------|", "| xyz | 1           |"]
-    assert bench.markdown_table(["a"], []).splitlines() == ["| a |", "|---|"]
+    assert markdown_table(["a"], []).splitlines() == ["| a |", "|---|"]
 
 
 def test_cpu_share_sets_the_gateway_process_beside_the_baseline_and_the_issue_machine() -> None:
     summary = {"baseline": {"server_main_cpu_ms_per_call": 1.4},
                "gateway-none": {"server_main_cpu_ms_per_call": 0.7},
                "gateway-header": {"server_main_cpu_ms_per_call": NAN}}
-    line = bench.cpu_share(summary)
+    line = cpu_share(summary)
     assert "gateway-none 0.700 ms = 0.50x (~0.14 ms on the issue's machine)" in line
     assert "gateway-header" not in line  # not measured: left out, never shown as zero
     assert "0.71x" in line  # the issue's own 0.20 / 0.28
-    assert bench.cpu_share({"gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""  # no baseline, no share
-    assert bench.cpu_share({"baseline": {"server_main_cpu_ms_per_call": NAN},
+    assert cpu_share({"gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""  # no baseline, no share
+    assert cpu_share({"baseline": {"server_main_cpu_ms_per_call": NAN},
                             "gateway-none": {"server_main_cpu_ms_per_call": 0.7}}) == ""
 
 
@@ -240,24 +280,24 @@ def test_the_pipes_line_tells_the_machine_factor_and_scales_the_gateway_cpu_by_i
     summary = {"baseline": {"server_main_cpu_ms_per_call": 1.2},
                "gateway-none": {"server_main_cpu_ms_per_call": 0.54},
                "gateway-header": {"server_main_cpu_ms_per_call": NAN}}
-    line = bench.pipes_line(pipes, summary)
+    line = pipes_line(pipes, summary)
     assert "1,991.0 calls/s" in line
     assert "3.00x slower" in line
     assert "gateway-none 0.180 ms" in line
     assert "(target 0.2 ms)" in line
     assert "gateway-header" not in line  # not measured: never scaled from nothing
-    assert "at the issue machine's speed" not in bench.pipes_line(pipes)  # no rounds: the factor alone
+    assert "at the issue machine's speed" not in pipes_line(pipes)  # no rounds: the factor alone
 
 
 def test_the_instruction_line_sets_each_gateway_beside_the_baseline() -> None:
-    line = bench.instructions_line({
+    line = instructions_line({
         "baseline": {"per_call": 4_000_000.0, "calls": 400, "errors": 0},
         "none": {"per_call": 1_200_000.0, "calls": 400, "errors": 0},
         "header": {"per_call": 1_280_000.0, "calls": 400, "errors": 1}})
     assert "baseline 4.000 M (400 calls, 0 errors)" in line
     assert "none 1.200 M = 0.30x the baseline's" in line
     assert "header 1.280 M = 0.32x the baseline's (400 calls, 1 errors)" in line
-    alone = bench.instructions_line({"none": {"per_call": 1_200_000.0, "calls": 400, "errors": 0}})
+    alone = instructions_line({"none": {"per_call": 1_200_000.0, "calls": 400, "errors": 0}})
     assert "x the baseline's" not in alone  # no baseline counted: no share
 
 
@@ -268,14 +308,14 @@ def test_the_instruction_line_sets_each_gateway_beside_the_baseline() -> None:
     pytest.param(None, [0, 1], None, None, "taskset not found", id="no-taskset"),
 ])
 def test_pin_plan(taskset: str | None, cpus: list[int], server: int | None, client: int | None, says: str) -> None:
-    plan = bench.pin_plan(taskset, cpus)
+    plan = pin_plan(taskset, cpus)
     assert (plan.server_cpu, plan.client_cpu) == (server, client)
     assert says in plan.note
 
 
 def test_jsonable_turns_nan_into_null() -> None:
     value = {"a": NAN, "b": [1.0, NAN, (NAN,)], "c": {"d": "x"}}
-    assert json.loads(json.dumps(bench.jsonable(value))) == {"a": None, "b": [1.0, None, [None]], "c": {"d": "x"}}
+    assert json.loads(json.dumps(jsonable(value))) == {"a": None, "b": [1.0, None, [None]], "c": {"d": "x"}}
 
 
 @pytest.mark.parametrize(("text", "field_name", "expected"), [
@@ -283,15 +323,15 @@ def test_jsonable_turns_nan_into_null() -> None:
     pytest.param("VmHWM:\t 9 kB\n", "VmRSS", None, id="absent"),
 ])
 def test_rss_kib(text: str, field_name: str, expected: int | None) -> None:
-    assert bench.rss_kib(text, field_name) == expected
+    assert rss_kib(text, field_name) == expected
 
 
 def test_parser_keeps_the_old_mode_and_adds_compare() -> None:
-    old = bench.build_parser().parse_args(["--clients", "3", "--calls", "5", "--auth", "none"])
+    old = build_parser().parse_args(["--clients", "3", "--calls", "5", "--auth", "none"])
     assert (old.clients, old.calls, old.auth, old.compare, old.timeout) == (3, 5, "none", False, None)
-    new = bench.build_parser().parse_args(["--compare", "--duration", "2", "--rounds", "1", "--json"])
+    new = build_parser().parse_args(["--compare", "--duration", "2", "--rounds", "1", "--json"])
     assert (new.compare, new.duration, new.rounds, new.sessions, new.workers) == (True, 2.0, 1, 8, 16)
-    assert bench.estimated_seconds(new) > new.duration
+    assert estimated_seconds(new) > new.duration
 
 
 def test_answer_paths_puts_sse_beside_json_with_the_ratio_and_what_answered() -> None:
@@ -299,7 +339,7 @@ def test_answer_paths_puts_sse_beside_json_with_the_ratio_and_what_answered() ->
         return {"calls_per_second": rate, "p50_ms": 2.0, "sequential_p50_ms": 1.0, "server_cpu_ms_per_call": 0.25,
                 "answer_types": {kind: 10}}
 
-    line = bench.answer_paths({"sse": figures(90.0, "text/event-stream"), "json": figures(100.0, "application/json")})
+    line = answer_paths({"sse": figures(90.0, "text/event-stream"), "json": figures(100.0, "application/json")})
     assert line.startswith("SSE 90.0 calls/s")
     assert "answered text/event-stream" in line
     assert "answered application/json" in line
@@ -307,17 +347,17 @@ def test_answer_paths_puts_sse_beside_json_with_the_ratio_and_what_answered() ->
 
 
 def test_the_soak_is_off_unless_asked_for_and_counts_in_the_estimate() -> None:
-    plain = bench.build_parser().parse_args(["--compare"])
-    soaked = bench.build_parser().parse_args(["--compare", "--soak", "600"])
+    plain = build_parser().parse_args(["--compare"])
+    soaked = build_parser().parse_args(["--compare", "--soak", "600"])
     assert (plain.soak, soaked.soak) == (0.0, 600.0)
-    assert bench.estimated_seconds(soaked) >= bench.estimated_seconds(plain) + 600
+    assert estimated_seconds(soaked) >= estimated_seconds(plain) + 600
 
 
 def test_the_instruction_count_is_off_unless_asked_for_and_counts_in_the_estimate() -> None:
-    plain = bench.build_parser().parse_args(["--compare"])
-    counted = bench.build_parser().parse_args(["--compare", "--instructions", "400"])
+    plain = build_parser().parse_args(["--compare"])
+    counted = build_parser().parse_args(["--compare", "--instructions", "400"])
     assert (plain.instructions, counted.instructions) == (0, 400)
-    assert bench.estimated_seconds(counted) > bench.estimated_seconds(plain)
+    assert estimated_seconds(counted) > estimated_seconds(plain)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -327,11 +367,248 @@ def test_the_instruction_count_is_off_unless_asked_for_and_counts_in_the_estimat
     pytest.param("totals: lots\n", None, id="not-a-number"),
 ])
 def test_callgrind_total(text: str, expected: int | None) -> None:
-    assert bench.callgrind_total(text) == expected
+    assert callgrind_total(text) == expected
 
 
 def test_the_paired_one_call_phase_runs_by_default_and_can_be_skipped() -> None:
-    default = bench.build_parser().parse_args(["--compare"])
-    skipped = bench.build_parser().parse_args(["--compare", "--paired-calls", "0"])
+    default = build_parser().parse_args(["--compare"])
+    skipped = build_parser().parse_args(["--compare", "--paired-calls", "0"])
     assert (default.paired_calls, skipped.paired_calls) == (300, 0)
-    assert bench.estimated_seconds(default) > bench.estimated_seconds(skipped)
+    assert estimated_seconds(default) > estimated_seconds(skipped)
+
+
+MAIN_CPU = "server_main_cpu_ms_per_call"
+
+
+@pytest.mark.parametrize(("pipes_calls_per_second", "expected"), [
+    pytest.param(5973.0, 1.0, id="the-issue's-machine"),
+    pytest.param(1991.0, 3.0, id="three-times-slower"),
+    pytest.param(11946.0, 0.5, id="twice-as-fast"),
+    pytest.param(0.0, NAN, id="no-calls"),
+    pytest.param(NAN, NAN, id="not-measured"),
+])
+def test_machine_factor(pipes_calls_per_second: float, expected: float) -> None:
+    assert same(machine_factor(pipes_calls_per_second), expected)
+
+
+@pytest.mark.parametrize(("summary", "expected"), [
+    pytest.param({"baseline": {MAIN_CPU: 1.4}, "gateway-none": {MAIN_CPU: 0.7}},
+                 [("gateway-none", 0.7, 0.5, 0.5 * ISSUE_BASELINE_CPU_MS)], id="half-the-baseline"),
+    pytest.param({"baseline": {MAIN_CPU: 1.0}, "gateway-none": {MAIN_CPU: 0.5}, "gateway-header": {MAIN_CPU: 2.0}},
+                 [("gateway-none", 0.5, 0.5, 0.14), ("gateway-header", 2.0, 2.0, 0.56)], id="in-summary-order"),
+    pytest.param({"gateway-none": {MAIN_CPU: 0.7}}, [], id="no-baseline"),
+    pytest.param({"baseline": {MAIN_CPU: 0.0}, "gateway-none": {MAIN_CPU: 0.7}}, [], id="zero-baseline"),
+    pytest.param({"baseline": {MAIN_CPU: 1.0}, "gateway-none": {MAIN_CPU: NAN}, "gateway-header": {}}, [],
+                 id="gateways-not-measured"),
+])
+def test_cpu_shares(summary: dict[str, dict[str, float]], expected: list[tuple[str, float, float, float]]) -> None:
+    shares = cpu_shares(summary)
+    assert all(isinstance(s, CpuShare) for s in shares)
+    assert [s.target for s in shares] == [e[0] for e in expected]
+    assert [(s.ms, s.share, s.at_issue_ms) for s in shares] == [pytest.approx(e[1:]) for e in expected]
+
+
+@pytest.mark.parametrize(("summary", "factor", "expected"), [
+    pytest.param({"baseline": {MAIN_CPU: 1.2}, "gateway-none": {MAIN_CPU: 0.54}}, 3.0, [("gateway-none", 0.18)],
+                 id="scaled-baseline-left-out"),
+    pytest.param({"gateway-none": {MAIN_CPU: 0.54}}, NAN, [], id="no-factor"),
+    pytest.param({"gateway-none": {MAIN_CPU: 0.54}}, 0.0, [], id="zero-factor"),
+    pytest.param({"gateway-none": {}, "gateway-header": {MAIN_CPU: NAN}}, 2.0, [], id="not-measured"),
+])
+def test_at_issue_speed(summary: dict[str, dict[str, float]], factor: float,
+                        expected: list[tuple[str, float]]) -> None:
+    scaled = at_issue_speed(summary, factor)
+    assert [t for t, _ in scaled] == [t for t, _ in expected]
+    assert [ms for _, ms in scaled] == pytest.approx([ms for _, ms in expected])
+
+
+@pytest.mark.parametrize(("summary", "expected"), [
+    pytest.param({"baseline": {MAIN_CPU: 0.28}}, 0.28, id="measured"),
+    pytest.param({"baseline": {}}, NAN, id="not-measured"),
+    pytest.param({}, NAN, id="no-baseline"),
+])
+def test_baseline_cpu_ms(summary: dict[str, dict[str, float]], expected: float) -> None:
+    assert same(baseline_cpu_ms(summary), expected)
+
+
+@pytest.mark.parametrize(("pid", "main_ticks", "kid_ticks", "calls", "expected"), [
+    pytest.param(None, 10, 10, 100, (NAN, NAN, NAN), id="warm-up-not-watched"),
+    pytest.param(1, CLK_TCK, 0, 1000, (1.0, 1.0, 0.0), id="process-only"),
+    pytest.param(1, CLK_TCK, CLK_TCK, 1000, (2.0, 1.0, 1.0), id="process-and-children"),
+    pytest.param(1, 5, 5, 0, (NAN, NAN, NAN), id="no-calls"),
+])
+def test_server_cpu_per_call(pid: int | None, main_ticks: int, kid_ticks: int, calls: int,
+                             expected: tuple[float, float, float]) -> None:
+    figures = server_cpu_per_call(pid, main_ticks, kid_ticks, calls)
+    assert list(figures) == ["server_cpu_ms_per_call", "server_main_cpu_ms_per_call",
+                             "server_children_cpu_ms_per_call"]
+    assert all(same(got, want) for got, want in zip(figures.values(), expected, strict=True))
+
+
+LABEL = RunLabel(clients=2, calls_per_client=2, client_kind="raw", auth="header")
+
+
+@pytest.mark.parametrize(("tallies", "seconds", "ok", "errors", "p50", "p90", "top", "per_second"), [
+    pytest.param([Tally([1.0, 3.0]), Tally([4.0, 2.0], errors=1)], 2.0, 3, 1, 2.0, 4.0, 4.0, 2.0, id="pooled"),
+    pytest.param([Tally(), Tally()], 1.0, 0, 0, NAN, NAN, NAN, 0.0, id="no-calls"),
+    pytest.param([Tally([5.0])], 0.0, 1, 0, 5.0, 5.0, 5.0, NAN, id="no-time"),
+])
+def test_summarize(tallies: list[Tally], seconds: float, ok: int, errors: int, p50: float, p90: float, top: float,
+                   per_second: float) -> None:
+    report = summarize(tallies, seconds, LABEL, (1, 2, 3))
+    assert (report.ok, report.errors, report.rss_before_kib, report.rss_after_kib, report.rss_peak_kib) == (
+        ok, errors, 1, 2, 3)
+    assert all(same(a, b) for a, b in [(report.p50_ms, p50), (report.p90_ms, p90), (report.max_ms, top),
+                                        (report.calls_per_second, per_second)])
+
+
+@pytest.mark.parametrize(("rss", "seconds", "lines"), [
+    pytest.param((51200, 52224, 53248), 2.0, ["throughput   2.0 calls/s",
+                                               "gateway RSS  before 50.0 MiB, after 51.0 MiB (peak 52.0 MiB)"],
+                 id="memory-read"),
+    pytest.param((None, None, None), 0.0, ["throughput   nan calls/s",
+                                           "gateway RSS  before n/a, after n/a (peak n/a)"], id="nothing-read"),
+])
+def test_plain_text(rss: tuple[int | None, int | None, int | None], seconds: float, lines: list[str]) -> None:
+    report = Report(2, 2, "raw", "header", 3, 1, seconds, 2.0, 4.0, 4.0, 4.5, *rss)
+    text = plain_text(report).splitlines()
+    assert text[:2] == ["satgate-mcp bench: 2 clients x 2 calls (raw client, auth=header)",
+                        f"calls        3 ok, 1 errors in {seconds:.3f} s"]
+    assert text[3] == "latency      p50 2.00 ms   p90 4.00 ms   p99 4.00 ms   max 4.50 ms"
+    assert [text[2], text[4]] == lines
+
+
+def compare_report(rounds: int, **extra: Any) -> dict[str, Any]:
+    rows = [{"round": r, "target": t, "calls_per_second": 100.0, "errors": 0, "server_cpu_pct": 99.0,
+             MAIN_CPU: 1.0, "answer_types": {"text/event-stream": 3} if t == "baseline" else {}}
+            for r in range(1, rounds + 1) for t in ("baseline", "gateway-none")]
+    return {"config": {"sessions": 8, "workers": 16, "duration": 2.0, "rounds": rounds, "init_seconds": 1.0},
+            "pinning": "not pinned", "rounds": rows, **extra}
+
+
+IDLE = {"sessions": 500, "seconds": 0.3, "errors": 0, "rss_before_kib": 100.0, "rss_after_kib": 600.0,
+        "kib_per_session": 1.0}
+
+
+@pytest.mark.parametrize(("report", "present", "absent"), [
+    pytest.param(compare_report(1), ["## Per round", "| r1 gateway-none ", "answers text/event-stream",
+                                     "Server CPU share during round 1's load: baseline 99 %, gateway-none 99 %"],
+                 ["## Median over rounds", "## Gateway only", "incomplete"], id="one-round"),
+    pytest.param(compare_report(2), ["## Median over rounds", "| gateway-none ", "Gateway process CPU per call"],
+                 ["## Gateway only"], id="medians-and-share"),
+    pytest.param(compare_report(1, idle=IDLE, error="gave up after 9s"),
+                 ["## Gateway only (auth=header)", "**1.00 KiB per session**", "**incomplete: gave up after 9s**"],
+                 ["## Median over rounds"], id="gateway-only-then-cut-short"),
+    pytest.param(compare_report(1, sse={"answers_when_both_accepted": "application/json"}),
+                 ["- echo answer path: SSE n/a (the gateway answers application/json when the client accepts both)"],
+                 ["progress notification"], id="sse-not-offered"),
+    pytest.param({**compare_report(1), "rounds": []}, ["## Per round"], ["Server CPU share"], id="nothing-measured"),
+])
+def test_render_compare(report: dict[str, Any], present: list[str], absent: list[str]) -> None:
+    text = render_compare(report)
+    assert text.startswith("# satgate-mcp compare: 8 sessions, 16 workers, echo tool, 2 s per load phase")
+    assert [p for p in present if p not in text] == []
+    assert [a for a in absent if a in text] == []
+
+
+@pytest.mark.parametrize(("request_id", "tool", "params"), [
+    pytest.param(7, None, {"name": "echo", "arguments": {"text": "call 7"}}, id="echo-distinct-per-call"),
+    pytest.param(8, ToolCall("add", {"a": 1}), {"name": "add", "arguments": {"a": 1}}, id="another-tool"),
+    pytest.param(9, PROGRESS_CALL, {"name": "slow", "arguments": {"steps": 1, "delay": 0},
+                                    "_meta": {"progressToken": "p9"}}, id="progress-token"),
+])
+def test_tool_call_request(request_id: int, tool: ToolCall | None, params: dict[str, Any]) -> None:
+    assert tool_call_request(request_id, tool) == {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                                                   "params": params}
+
+
+@pytest.mark.parametrize(("argv", "cpu"), [
+    pytest.param(["a", "b"], None, id="unpinned"),
+    pytest.param(["a", "b"], 1, id="pinned"),
+])
+def test_pinned(argv: list[str], cpu: int | None) -> None:
+    assert pinned(argv, cpu) == (argv if cpu is None else [TASKSET, "-c", str(cpu), *argv])
+
+
+@pytest.mark.parametrize(("mode", "keys", "distinct_tokens"), [
+    pytest.param("none", {"SATGATE_AUTH_MODE"}, 0, id="none-no-tokens"),
+    pytest.param("config", {"SATGATE_AUTH_MODE", "SATGATE_STATIC_TOKEN"}, 1, id="config-one-shared-token"),
+    pytest.param("header", {"SATGATE_AUTH_MODE", "SATGATE_ROOT_KEY"}, 3, id="header-a-macaroon-each"),
+])
+def test_make_auth(mode: str, keys: set[str], distinct_tokens: int) -> None:
+    auth = make_auth(mode, 3)
+    assert (set(auth.env), auth.env["SATGATE_AUTH_MODE"], len(auth.tokens)) == (keys, mode, 3)
+    assert len({t for t in auth.tokens if t is not None}) == distinct_tokens
+
+
+def scripted_mcp(answer_as: str, seen: list[tuple[str, str | None]]) -> web.Application:
+    """An MCP endpoint answering ``tools/call`` as JSON or on an SSE stream (after a priming event), as the
+    gateway and the SDK server both may: the one client must read either."""
+    async def post(request: web.Request) -> web.StreamResponse:
+        message = await request.json()
+        seen.append((message["method"], request.headers.get("Mcp-Session-Id")))
+        if "id" not in message:
+            return web.Response(status=202)
+        if message["method"] == "initialize":
+            return web.json_response({"jsonrpc": "2.0", "id": message["id"],
+                                      "result": {"protocolVersion": "2025-11-25"}}, headers={"Mcp-Session-Id": "s1"})
+        answer = {"jsonrpc": "2.0", "id": message["id"],
+                  "result": {"content": [], "isError": message["params"]["name"] != "echo"}}
+        if answer_as == "json":
+            return web.json_response(answer)
+        return web.Response(text=f"id: 0\ndata:\n\nevent: message\ndata: {json.dumps(answer)}\n\n",
+                            content_type="text/event-stream")
+
+    async def delete(request: web.Request) -> web.StreamResponse:
+        seen.append(("DELETE", request.headers.get("Mcp-Session-Id")))
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/mcp", post)
+    app.router.add_delete("/mcp", delete)
+    return app
+
+
+@pytest.mark.parametrize(("answer_as", "content_type"), [
+    pytest.param("json", "application/json", id="json"),
+    pytest.param("sse", "text/event-stream", id="sse"),
+])
+async def test_the_one_client_opens_calls_and_closes(aiohttp_server: AiohttpServer, answer_as: str,
+                                                      content_type: str) -> None:
+    seen: list[tuple[str, str | None]] = []
+    server = await aiohttp_server(scripted_mcp(answer_as, seen))
+    async with client_session(1) as http:
+        client = Client(http, str(server.make_url("/mcp")))
+        session = await client.open("tok")
+        assert (session.id, session.headers["Authorization"], session.headers["MCP-Protocol-Version"]) == (
+            "s1", "Bearer tok", "2025-11-25")
+        assert await client.call(session) == (True, content_type)
+        assert await client.call(session, ACCEPT_JSON, ToolCall("fails", {})) == (False, content_type)
+        await client.close(session)
+    assert seen == [("initialize", None), ("notifications/initialized", "s1"), ("tools/call", "s1"),
+                    ("tools/call", "s1"), ("DELETE", "s1")]
+
+
+async def test_the_one_client_refuses_a_session_it_was_not_given(aiohttp_server: AiohttpServer) -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": "no"}, status=401)
+
+    app = web.Application()
+    app.router.add_post("/mcp", refuse)
+    server = await aiohttp_server(app)
+    async with client_session(1) as http:
+        with pytest.raises(RuntimeError, match=r"initialize at .* answered 401"):
+            await Client(http, str(server.make_url("/mcp"))).open(None)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("entry", [
+    pytest.param(["scripts/bench.py"], id="the-script-named-in-docs"),
+    pytest.param(["-m", "bench"], id="the-package"),
+])
+def test_both_entry_points_offer_the_same_options(entry: list[str]) -> None:
+    done = subprocess.run([sys.executable, *entry, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    options = done.stdout.split("\n\n", 1)[1]  # past the usage line, whose program name differs
+    assert options == build_parser().format_help().split("\n\n", 1)[1]
