@@ -26,6 +26,34 @@ _FALLBACK_STATE = tempfile.mkdtemp(prefix="satgate-test-state-")
 os.environ.setdefault("STATE_DIRECTORY", _FALLBACK_STATE)
 atexit.register(shutil.rmtree, _FALLBACK_STATE, True)
 
+
+class _ProcessGuard:
+    """``-m "not process"`` runs every test that starts no process, in seconds; this keeps the mark honest.
+
+    While a test without ``@pytest.mark.process`` runs (its fixtures included), starting a process fails
+    it with a message naming the mark. The audit hook sees every ``subprocess.Popen``, asyncio's included.
+    """
+
+    allowed = True
+
+    @classmethod
+    def audit(cls, event: str, args: tuple[object, ...]) -> None:
+        if event == "subprocess.Popen" and not cls.allowed:
+            raise RuntimeError(f"this test starts a process ({args[0]!r}): mark it @pytest.mark.process")
+
+
+sys.addaudithook(_ProcessGuard.audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    _ProcessGuard.allowed = item.get_closest_marker("process") is not None
+    try:
+        return (yield)
+    finally:
+        _ProcessGuard.allowed = True
+
+
 TESTS_DIR = Path(__file__).resolve().parent
 UPSTREAM_SERVER = TESTS_DIR / "upstream_server.py"
 #: Bound on how long an upstream server process may take to print its ready line.

@@ -46,6 +46,7 @@ def no_satgate_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # --- the real console entry ----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_mint_inspect_revoke_end_to_end(tmp_path: Path) -> None:
     revoked = tmp_path / "revoked"
     # Unrelated settings are broken on purpose: the token commands must not care.
@@ -76,6 +77,7 @@ def test_mint_inspect_revoke_end_to_end(tmp_path: Path) -> None:
     assert json.loads(after.stdout)["revoked"] is True
 
 
+@pytest.mark.process
 def test_inspect_without_key_says_verified_null_and_with_wrong_key_false() -> None:
     token = run("token", "mint", "--id", "tok-x", SATGATE_ROOT_KEY=KEY).stdout.strip()
 
@@ -102,6 +104,7 @@ def test_inspect_without_key_says_verified_null_and_with_wrong_key_false() -> No
                      id="short-root-key"),
     ],
 )
+@pytest.mark.process
 def test_serve_refuses_bad_settings_with_one_line(env: dict[str, str], variable: str) -> None:
     result = run("serve", **env)
     assert result.returncode == 2
@@ -113,6 +116,7 @@ def test_serve_refuses_bad_settings_with_one_line(env: dict[str, str], variable:
 
 @pytest.mark.parametrize("host", [pytest.param("0.0.0.0", id="ipv4-any"), pytest.param("::", id="ipv6-any"),
                                   pytest.param("gw.example.com", id="a-name")])
+@pytest.mark.process
 def test_attack_none_auth_on_a_public_address_refuses_to_start_with_one_line(host: str) -> None:
     result = run("serve", SATGATE_HOST=host, SATGATE_PORT="1")  # refused before binding: the port never matters
     assert result.returncode == 2, result.stderr

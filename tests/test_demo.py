@@ -44,6 +44,7 @@ def test_notifications_get_no_answer() -> None:
     assert demo.handle({"jsonrpc": "2.0", "method": "notifications/initialized"}) is None
 
 
+@pytest.mark.process
 def test_runs_as_a_stdio_child() -> None:
     lines = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}), "not json",
              json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})]

@@ -559,6 +559,7 @@ def append_line(path: Path, token_id: str) -> None:
         pytest.param("child-1", "root", "cli", id="grandparent-id-by-token-revoke"),
     ],
 )
+@pytest.mark.process
 async def test_a_revocation_written_to_the_file_refuses_a_live_session_within_one_second(
     start: StartGateway, tmp_path: Path, session_token_id: str, revoked_id: str, how: str
 ) -> None:

@@ -20,6 +20,8 @@ from mcp.shared.exceptions import MCPError
 from satgate_mcp import jsonrpc
 from tests.gateway_process import GatewayProcess, PortRotation, call_text, sdk_session
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-header-mode-root-key-0123456789abcdefgh"
 TOKEN_ID = "agent-e2e"
 #: ``echo`` by name, ``add`` and ``add_tool`` by prefix; the upstream also has ``whoami``, ``headers``, ...

@@ -20,6 +20,8 @@ from mcp.shared.exceptions import MCPError
 from tests.gateway_process import GatewayProcess, call_text, sdk_session
 from tests.oauth_server import AuthServer
 
+pytestmark = pytest.mark.process
+
 CALL_TIMEOUT = 15.0
 TEST_TIMEOUT = 45.0
 

@@ -33,7 +33,7 @@ READY_POLL = 0.05
 
 Client = TestClient[web.Request, web.Application]
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 
 def gateway_settings() -> Settings:

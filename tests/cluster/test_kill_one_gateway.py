@@ -10,9 +10,12 @@ import asyncio
 from collections.abc import Callable
 
 import httpx2
+import pytest
 
 from tests.cluster.cluster import Answer, Cluster, Mcp, shared_redis_url, unique
 from tests.gateway_process import GatewayProcess
+
+pytestmark = pytest.mark.process
 
 SESSIONS = 50
 #: Calls every session has answered before the kill: the load is on when it comes.

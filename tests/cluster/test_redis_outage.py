@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.cluster.cluster import Cluster, Mcp, unique
 from tests.cluster.redis_server import own_redis
 from tests.gateway_process import GatewayProcess
+
+pytestmark = pytest.mark.process
 
 #: The issue's bound for calls to succeed again once Redis is back.
 RECOVERY = 3.0

@@ -10,8 +10,11 @@ import time
 from collections.abc import Callable
 
 import httpx2
+import pytest
 
 from tests.cluster.cluster import Cluster, Mcp, shared_redis_url, unique
+
+pytestmark = pytest.mark.process
 
 #: The issue's bounds: a revocation refused everywhere, a live copy elsewhere ended.
 SPREAD = 1.0

@@ -41,6 +41,8 @@ from tests.deploy.harness import (
 )
 from tests.gateway_process import base_env, stdio_upstreams
 
+pytestmark = pytest.mark.process
+
 #: Calls each loop must complete in each phase (before, across and after the handover).
 CALLS_PER_PHASE = 40
 #: SDK client sessions calling concurrently, each in its own tight loop.

@@ -43,6 +43,7 @@ def test_notifier_without_socket_is_silent(environ: dict[str, str]) -> None:
     assert (notifier.address, logs) == (None, []), "nothing sent, nothing logged, nothing raised"
 
 
+@pytest.mark.process
 def test_orphan_guard_terminates_children_left_behind() -> None:
     script = textwrap.dedent("""
         import subprocess, sys
@@ -103,6 +104,7 @@ def test_the_daemon_runs_on_uvloop_when_it_is_installed(monkeypatch: pytest.Monk
     assert runner.event_loop_factory() is (uvloop.new_event_loop if installed else None)
 
 
+@pytest.mark.process
 def test_settle_heap_frees_start_up_cycles_then_freezes_what_lives_on() -> None:
     """In a child interpreter: freezing the test process's own heap would change how this suite collects."""
     script = textwrap.dedent("""

@@ -45,7 +45,7 @@ from satgate_mcp.settings import Settings
 from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.upstream_server import BASE_TOOLS
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 TOKEN = "integration-static-token-0123456789"
 #: The web upstream's own credential, from the gateway's upstream config.
@@ -488,7 +488,6 @@ async def test_a_tool_name_clash_stops_start_unless_one_upstream_has_a_prefix(we
         assert {"web_echo", "two_web_echo"} <= names
         assert await agent.text("web_echo", text="one") == "one"
         assert await agent.text("two_web_echo", text="two") == "two"
-
 
 
 async def test_an_upstream_tool_list_change_reaches_the_client_ahead_of_its_next_answer(gateway: Gateway) -> None:

@@ -37,7 +37,7 @@ from tests.conftest import pid_alive
 from tests.integration.test_gateway_with_sdk import Progress, sole, stdio_upstream
 from tests.integration.test_relay_with_sdk import connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 ROOT_KEY = "isolation-root-key-0123456789abcdefghijkl"
 ALICE = mint_token(ROOT_KEY, "alice")
@@ -263,7 +263,6 @@ async def test_an_idle_child_is_reaped_by_the_pools_sweep_while_its_session_live
         assert owners <= set(swept.get("solo", []))
         await gateway.upstream("solo").stopped()
         assert await ann.text("s_whoami") == "solo"  # a new child on the next call
-
 
 
 # -- resource subscriptions: per child -------------------------------------------------------------------

@@ -29,6 +29,8 @@ from tests.conftest import upstream_command
 from tests.gateway_process import GatewayProcess
 from tests.integration.test_mrtr_sdk import mint
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-modern-input-root-key-0123456789abcdefghij"
 MODERN = "2026-07-28"
 TOOL = "test_input_required_result_elicitation"

@@ -25,6 +25,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.gateway_process import GatewayProcess, call_text, sdk_session
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-modern-sdk-root-key-0123456789abcdefghij"
 MODERN = "2026-07-28"
 LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")

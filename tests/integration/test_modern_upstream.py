@@ -30,6 +30,8 @@ from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
 from tests.integration.test_mrtr_sdk import mint, modern_client, text_of
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-modern-upstream-root-key-0123456789abcdef"
 CALL_TIMEOUT = 15.0
 MODERN = "2026-07-28"

@@ -26,6 +26,8 @@ from pydantic import FileUrl
 
 from tests.gateway_process import GatewayProcess
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-mrtr-sdk-root-key-0123456789abcdefghijkl"
 CALL_TIMEOUT = 15.0
 

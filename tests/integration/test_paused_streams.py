@@ -13,11 +13,14 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from satgate_mcp.upstream.wire import SseDecoder, SseEvent
 from tests.conftest import HttpUpstreamProcess
 from tests.integration.test_gateway_with_sdk import TOKEN, connect, gateway_settings, http_upstream, serving
+
+pytestmark = pytest.mark.process
 
 VERSION = "2025-11-25"
 BOTH = "application/json, text/event-stream"

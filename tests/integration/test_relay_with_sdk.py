@@ -40,7 +40,7 @@ from tests.integration.test_gateway_with_sdk import (
     stdio_upstream,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 CALL_TIMEOUT = 15.0
 SSE_ACCEPT = "application/json, text/event-stream"

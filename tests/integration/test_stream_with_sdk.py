@@ -35,7 +35,7 @@ from tests.integration.test_gateway_with_sdk import (
     stdio_upstream,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 
 class StreamWire(httpx2.AsyncBaseTransport):

@@ -23,6 +23,8 @@ from mcp.shared.exceptions import MCPError
 
 from tests.gateway_process import GatewayProcess, call_text, sdk_session
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-delegation-root-key-0123456789abcdef"
 TOOL_COSTS = {"echo": 1, "add": 1}
 PARENT_ID = "parent-1"

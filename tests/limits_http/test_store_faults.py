@@ -94,6 +94,7 @@ def echo(text: str) -> dict[str, Any]:
     return {"name": "echo", "arguments": {"text": text}}
 
 
+@pytest.mark.process
 async def test_redis_killed_refuses_metered_calls_with_503_keeps_the_rest_and_recovers_without_a_restart(
         aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
     client = await gateway(aiohttp_client, redis_server.url)
@@ -123,6 +124,7 @@ async def test_redis_killed_refuses_metered_calls_with_503_keeps_the_rest_and_re
 
 
 @pytest.mark.parametrize("rate_limit", ["1000/s", None], ids=["rate-bucket-first", "duplicate-record-first"])
+@pytest.mark.process
 async def test_a_paused_redis_costs_a_call_at_most_the_timeout(aiohttp_client: AiohttpClient,
                                                                redis_server: RedisServer, rate_limit: str | None
                                                                ) -> None:
@@ -139,6 +141,7 @@ async def test_a_paused_redis_costs_a_call_at_most_the_timeout(aiohttp_client: A
     assert took < REDIS_TIMEOUT * 2 + 0.5
 
 
+@pytest.mark.process
 async def test_fail_open_admits_the_call_unmetered_and_counts_it(aiohttp_client: AiohttpClient,
                                                                  redis_server: RedisServer) -> None:
     client = await gateway(aiohttp_client, redis_server.url, store_fail_mode="open")
@@ -170,6 +173,7 @@ async def test_a_store_fault_after_the_call_never_costs_the_client_its_answer() 
     assert metrics.store_errors.labels(op="settle")._value.get() == 1
 
 
+@pytest.mark.process
 
 async def test_header_mode_keeps_authenticating_from_the_revocation_mirror_while_redis_is_down(
         aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
@@ -276,6 +280,7 @@ async def test_satgate_budget_and_delegate_answer_store_unavailable_never_an_int
     assert metrics.store_errors.labels(op="delegate")._value.get() == 1
 
 
+@pytest.mark.process
 async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_first_request_costs_nothing(
         aiohttp_client: AiohttpClient, redis_server: RedisServer) -> None:
     key = "store-fault-startup-root-key-0123456789abcdef"
@@ -296,6 +301,7 @@ async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_
     await authenticator.aclose()
 
 
+@pytest.mark.process
 async def test_every_redis_client_tries_a_command_once_so_a_paused_redis_costs_it_one_timeout(
         redis_server: RedisServer) -> None:
     """redis-py's ``Redis()`` retries three times with backoff by default: none of the gateway's clients may."""

@@ -17,6 +17,8 @@ from mcp.client.session import ClientSession
 
 from tests.gateway_process import GatewayProcess, PortRotation, call_text, sdk_session
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "e2e-resume-root-key-0123456789abcdefghij"
 #: Bounds: one MCP call, one ``token mint`` run.
 CALL_TIMEOUT = 15.0

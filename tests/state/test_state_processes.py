@@ -14,6 +14,8 @@ from mcp.shared.exceptions import MCPError
 
 from tests.gateway_process import GatewayProcess, call_text, sdk_session
 
+pytestmark = pytest.mark.process
+
 ROOT_KEY = "state-process-tests-root-key-0123456789abcdef"
 CALL_TIMEOUT = 15.0
 TEST_TIMEOUT = 60.0

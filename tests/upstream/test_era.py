@@ -103,6 +103,7 @@ def _stdio(*args: str) -> StdioUpstream:
     pytest.param(("--modern-only",), True, id="2026-only"),
     pytest.param((), False, id="2025-only"),
 ])
+@pytest.mark.process
 async def test_stdio_era(args: tuple[str, ...], modern: bool) -> None:
     upstream = _stdio("--name", "alpha", *args)
     await upstream.start(_noop)
@@ -152,6 +153,7 @@ class FakeCarrier:
         self.carried.append((upstream, result))
 
 
+@pytest.mark.process
 async def test_a_2026_clients_relay_carries_input_required_and_resumes_it() -> None:
     upstream = _stdio("--modern-only")
     await upstream.start(_noop)
@@ -180,6 +182,7 @@ async def test_a_2026_clients_relay_carries_input_required_and_resumes_it() -> N
     pytest.param(("--modern-only",), True, id="2026-only"),
     pytest.param((), False, id="2025-only"),
 ])
+@pytest.mark.process
 async def test_http_era(http_upstream_factory: Callable[..., HttpUpstreamProcess], args: tuple[str, ...],
                         modern: bool) -> None:
     server = http_upstream_factory("--name", "web", *args)
@@ -246,6 +249,7 @@ async def modern_stdio() -> StdioUpstream:
     return upstream
 
 
+@pytest.mark.process
 async def test_a_2025_client_is_asked_and_the_call_retried_with_its_answer(modern_stdio: StdioUpstream) -> None:
     relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept", "content": {"answer": "42"}}})
     try:
@@ -260,6 +264,7 @@ async def test_a_2025_client_is_asked_and_the_call_retried_with_its_answer(moder
     assert params["message"] == "why?"
 
 
+@pytest.mark.process
 async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> None:
     relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "error": {"code": -32600, "message": "no elicitation here"}})
     try:
@@ -272,6 +277,7 @@ async def test_a_refused_ask_is_the_calls_error(modern_stdio: StdioUpstream) -> 
     assert unasked["error"]["data"]["error"] == "input_not_relayed"
 
 
+@pytest.mark.process
 async def test_input_the_2025_client_did_not_declare_is_minus_32021_and_nothing_is_asked(
         modern_stdio: StdioUpstream) -> None:
     relay = FakeRelay({"jsonrpc": "2.0", "id": "x", "result": {"action": "accept"}}, declared=frozenset())
@@ -285,6 +291,7 @@ async def test_input_the_2025_client_did_not_declare_is_minus_32021_and_nothing_
     assert relay.asked == []
 
 
+@pytest.mark.process
 async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> None:
     """The SDK's modern stdio loop sends list changes as plain notifications (it has no subscriptions/listen yet):
     they reach the same listener as a 2025 upstream's."""
@@ -312,6 +319,7 @@ async def test_a_modern_upstreams_list_change_reaches_the_pools_listener() -> No
     assert "notifications/tools/list_changed" in seen
 
 
+@pytest.mark.process
 async def test_a_pool_of_both_eras_merges_lists_and_sets_log_levels_only_where_the_method_exists() -> None:
     specs: dict[str, StdioUpstreamSpec | HttpUpstreamSpec] = {
         "old": StdioUpstreamSpec(transport="stdio", command=upstream_command("--name", "old"), timeout=10.0),
@@ -355,6 +363,7 @@ for line in sys.stdin:
     pytest.param("auto", 0, id="auto-never-sends-it-discover"),
     pytest.param("2026", 1, id="2026-asks-once-then-initialize-only"),
 ])
+@pytest.mark.process
 async def test_a_strict_2025_child_that_dies_on_discover_comes_up(protocol: str, restarts: int) -> None:
     spec = StdioUpstreamSpec(transport="stdio", command=[sys.executable, "-c", STRICT_2025], timeout=10.0,
                              protocol=protocol)  # type: ignore[arg-type]
@@ -376,6 +385,7 @@ async def test_a_strict_2025_child_that_dies_on_discover_comes_up(protocol: str,
     pytest.param("2026", True, id="2026-discovers-first"),
     pytest.param("2025", False, id="pinned-to-the-handshake"),
 ])
+@pytest.mark.process
 async def test_a_dual_revision_server_is_spoken_to_as_configured(protocol: str, modern: bool) -> None:
     """``--conformance`` serves both revisions (the SDK's own loop): ``protocol`` decides which the gateway uses."""
     spec = StdioUpstreamSpec.model_validate({"transport": "stdio", "command": upstream_command("--conformance"),
@@ -410,6 +420,7 @@ def test_a_modern_upstreams_listen_filter_names_the_subscribed_uris() -> None:
     assert wire.listen_params()["_meta"][wire.META_VERSION] == MODERN
 
 
+@pytest.mark.process
 async def test_resource_subscriptions_of_a_modern_upstream_become_its_listen_filter(
         modern_stdio: StdioUpstream) -> None:
     try:
@@ -428,6 +439,7 @@ async def test_resource_subscriptions_of_a_modern_upstream_become_its_listen_fil
     assert without_uri["error"]["code"] == -32602
 
 
+@pytest.mark.process
 async def test_a_modern_childs_resource_updates_arrive_for_subscribed_uris_also_after_it_restarts() -> None:
     updates: asyncio.Queue[str] = asyncio.Queue()
 

@@ -20,6 +20,8 @@ from satgate_mcp.upstream.base import UPSTREAM_READY
 from satgate_mcp.upstream.http import HttpUpstream
 from tests.conftest import HttpUpstreamProcess
 
+pytestmark = pytest.mark.process
+
 READY = 20.0
 
 StartUpstream = Callable[..., Awaitable[HttpUpstream]]

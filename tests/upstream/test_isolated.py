@@ -183,6 +183,7 @@ async def each(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Isolated, 
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_the_catalogue_is_known_before_any_client_and_only_the_catalogue_child_runs(
         each: tuple[Isolated, Mode]) -> None:
     iso, _mode = each
@@ -194,6 +195,7 @@ async def test_the_catalogue_is_known_before_any_client_and_only_the_catalogue_c
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_each_owner_has_a_child_of_its_own_with_its_own_state(each: tuple[Isolated, Mode]) -> None:
     iso, mode = each
     one, two, _ = mode.callers
@@ -209,6 +211,7 @@ async def test_each_owner_has_a_child_of_its_own_with_its_own_state(each: tuple[
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_past_max_instances_a_new_owner_is_refused_and_counted(each: tuple[Isolated, Mode]) -> None:
     iso, mode = each
     one, two, three = mode.callers
@@ -225,6 +228,7 @@ async def test_past_max_instances_a_new_owner_is_refused_and_counted(each: tuple
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_an_ended_session_loses_its_child_and_resumed_it_gets_a_fresh_child(
         each: tuple[Isolated, Mode]) -> None:
     iso, mode = each
@@ -243,6 +247,7 @@ async def test_an_ended_session_loses_its_child_and_resumed_it_gets_a_fresh_chil
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_an_idle_child_is_reaped_after_the_ttl_and_a_busy_one_is_not(each: tuple[Isolated, Mode]) -> None:
     iso, mode = each
     idle, busy_caller, _ = mode.callers
@@ -265,6 +270,7 @@ async def test_an_idle_child_is_reaped_after_the_ttl_and_a_busy_one_is_not(each:
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_a_request_without_a_caller_never_reaches_a_clients_child(each: tuple[Isolated, Mode],
                                                                         no_caller: None) -> None:
     iso, _mode = each
@@ -275,6 +281,7 @@ async def test_a_request_without_a_caller_never_reaches_a_clients_child(each: tu
 
 @on_module_loop
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.process
 async def test_closing_the_pool_leaves_no_child_behind(mode: Mode) -> None:
     async with isolated(mode.isolation) as iso:
         await asyncio.gather(*(iso.call(caller, "whoami") for caller in mode.callers))
@@ -285,6 +292,7 @@ async def test_closing_the_pool_leaves_no_child_behind(mode: Mode) -> None:
 
 
 @on_module_loop
+@pytest.mark.process
 async def test_a_token_has_one_child_for_all_its_sessions_reaped_when_the_last_ends() -> None:
     async with isolated("token") as iso:
         await asyncio.gather(iso.call(ALICE_1, "whoami"), iso.call(ALICE_2, "whoami"), iso.call(BOB_1, "whoami"))

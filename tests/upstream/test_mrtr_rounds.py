@@ -25,6 +25,8 @@ from satgate_mcp.upstream.http import HttpUpstream
 from satgate_mcp.upstream.stdio import StdioUpstream
 from tests.conftest import HttpUpstreamProcess, upstream_command
 
+pytestmark = pytest.mark.process
+
 #: The upstream's timeout, and the client's time to answer: longer than the whole timeout.
 TIMEOUT = 0.5
 THINK = 1.2

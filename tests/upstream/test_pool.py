@@ -53,7 +53,7 @@ class ObservedPool(UpstreamPool):
 
 
 # One event loop per module, so the routing tests can share one pool of children.
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 
 def make_pool(specs: dict[str, Spec], *, start_timeout: float = 20.0) -> ObservedPool:

@@ -42,7 +42,7 @@ class Recorder:
 
 
 # One event loop per module, so tests that do not change the child's state can share one child.
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.process]
 
 
 @pytest.fixture
