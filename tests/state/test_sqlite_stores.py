@@ -146,6 +146,8 @@ async def test_a_job_runs_on_the_loops_own_thread_with_no_hand_off(state: LocalS
 
 
 async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order_asked(state: LocalState) -> None:
+    worker_began = threading.Event()  # the worker's connection started a transaction: it now waits on the lock
+    state.db._conn.set_trace_callback(lambda sql: worker_began.set() if sql.startswith("BEGIN") else None)
     locker = sqlite3.connect(state.db.path, isolation_level=None, timeout=0)
     locker.execute("BEGIN EXCLUSIVE")
     try:
@@ -153,7 +155,7 @@ async def test_behind_another_processs_lock_jobs_wait_on_the_worker_in_the_order
         await asyncio.sleep(0)  # its turn ends: the lock is elsewhere, so the job goes to the worker
         state.db.submit(insert("behind"))
         last = asyncio.ensure_future(state.db.run(insert("last")))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(worker_began.wait, 5)
         assert not first.done()  # waiting for the lock, not failed
     finally:
         locker.execute("ROLLBACK")
