@@ -168,7 +168,7 @@ def _warn_unknown_variables(config: Path | None) -> None:
     if unknown := unknown_variables(names):
         structlog.get_logger("satgate_mcp.cli").warning(
             "unknown_variables", names=sorted(unknown), did_you_mean={k: v for k, v in unknown.items() if v},
-            hint="these SATGATE_* variables are ignored; the README's Configuration section lists every setting")
+            hint="these SATGATE_* variables are ignored; docs/configuration.md lists every setting")
 
 
 def _stdio_command_problem(settings: Settings) -> str | None:
