@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from satgate_mcp.auth.base import Authenticator
+from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.revocation import revocation_files, start_revocations
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
@@ -87,7 +87,8 @@ def create_app(
         policy = built_policy
 
     registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
-                               per_token=settings.sessions_per_token, publisher=publisher, clock=clock,
+                               per_token=per_token_quota(authenticator.mode, settings.sessions_per_token),
+                               publisher=publisher, clock=clock,
                                tombstones=None if state is None else state.tombstones)
     if state is not None:
         owned.append(state.aclose)  # last: after the authenticator and the policy that use it

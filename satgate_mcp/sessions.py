@@ -1,6 +1,7 @@
 """The session registry: token-bound session ids, cap, idle TTL, tombstones, sweep, resume.
 
-No HTTP and no I/O here, and the clock is injected, so every rule is testable by calling methods.
+No HTTP and no I/O here (events go to the publisher; one warning to the log), and the clock is injected,
+so every rule is testable by calling methods.
 Every public method is synchronous: on the asyncio event loop each call is one critical section,
 which is the registry's lock. In particular the tombstone check in ``resume`` and the insert it
 guards happen in the same uninterrupted call, so a DELETE that completed first always wins.
@@ -19,11 +20,24 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+import structlog
+
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity, token_hash
 from satgate_mcp.events import Publisher
 
 _ID_RE = re.compile(r"^mcp-([0-9a-f]{32})-([0-9a-f]{32})$")
+
+log = structlog.get_logger("satgate_mcp.sessions")
+
+#: The warning logged when a token's session quota starts evicting its sessions (once per token id).
+QUOTA_EVICTING = "session_quota_evicting"
+QUOTA_EVICTING_HINT = ("this token id holds SATGATE_SESSIONS_PER_TOKEN live sessions: each new one closes its least "
+                       "recently used idle session, whose client gets 404 session_not_found and must initialize "
+                       "again; raise SATGATE_SESSIONS_PER_TOKEN if these are distinct clients")
+#: Token ids remembered as warned. Only a root token id holding a full quota gets here (children count as their
+#: root), so real deployments stay far below it; past it the set starts over, keeping memory bounded.
+QUOTA_WARNED_BOUND = 10_000
 
 
 def session_tag(token: str, random_hex: str) -> str:
@@ -206,6 +220,8 @@ class SessionRegistry:
         self._resume_blocked_until = 0.0
         #: Called for every session that ends, however it ends (its stream and subscriptions end with it).
         self.on_close: list[Callable[[Session, CloseReason], None]] = []
+        #: Token ids already warned that their quota evicts: once per token id for the life of the process.
+        self._quota_warned: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -351,11 +367,22 @@ class SessionRegistry:
             raise TokenSessionsBusy(BUSY_RETRY_AFTER)
         if action is QuotaAction.EVICT:
             assert victim is not None
+            self._warn_evicting(token_id)
             self._drop(victim.id, CloseReason.EVICTED)
         if len(self._sessions) >= self.cap:
             self.sweep(now)
         if len(self._sessions) >= self.cap:
             raise RegistryFull(self.retry_after())
+
+    def _warn_evicting(self, token_id: str) -> None:
+        """One warning per token id when its quota starts evicting: each eviction is only an info event, and
+        a quota set too low for the clients sharing a token looks like random 404s otherwise."""
+        if token_id in self._quota_warned:
+            return
+        if len(self._quota_warned) >= QUOTA_WARNED_BOUND:
+            self._quota_warned.clear()
+        self._quota_warned.add(token_id)
+        log.warning(QUOTA_EVICTING, token_id=token_id, quota=self.per_token, hint=QUOTA_EVICTING_HINT)
 
     def _insert(self, session: Session) -> None:
         session.quota_key = session.identity.family_id

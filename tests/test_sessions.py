@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping, Sequence
 
 import pytest
+from structlog.testing import capture_logs
 
 from satgate_mcp import events
-from satgate_mcp.auth.base import Identity
+from satgate_mcp.auth.base import ANONYMOUS_IDENTITY, Identity, per_token_quota
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.sessions import (
+    QUOTA_EVICTING,
     CloseReason,
     QuotaAction,
     RegistryFull,
@@ -537,3 +540,116 @@ def test_many_tokens_deleting_never_make_a_deleted_id_resumable(
         clock.advance(5)
         for sid, tok, ident in deleted:
             assert not isinstance(registry.resume(sid, tok, ident, VERSION), Resumed)
+
+
+# --- shared identities (issue 23): a per-token quota must not become a gateway-wide cap ---------------------
+
+STATIC = Identity(token_id="static")
+
+
+@pytest.mark.parametrize(
+    ("mode", "quota"),
+    [
+        pytest.param("none", None, id="none-everyone-is-anonymous"),
+        pytest.param("config", None, id="config-one-shared-secret"),
+        pytest.param("header", 100, id="header-a-token-id-per-tenant"),
+        pytest.param("oauth", 100, id="oauth-a-subject-per-tenant"),
+        pytest.param("custom", 100, id="unknown-mode-keeps-the-quota"),
+    ],
+)
+def test_per_token_quota_by_auth_mode(mode: str, quota: int | None) -> None:
+    assert per_token_quota(mode, 100) == quota
+
+
+def evictions_warned(logs: Sequence[Mapping[str, object]]) -> list[object]:
+    return [e["token_id"] for e in logs if e["event"] == QUOTA_EVICTING and e["log_level"] == "warning"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "identity", "tokens"),
+    [
+        pytest.param("none", ANONYMOUS_IDENTITY, [f"client-{n}" for n in range(150)], id="none"),
+        pytest.param("config", STATIC, ["s3cret-static"] * 150, id="config"),
+    ],
+)
+def test_150_clients_of_a_shared_identity_all_keep_their_sessions(
+    clock: FakeClock, publisher: RecordingPublisher, mode: str, identity: Identity, tokens: list[str]
+) -> None:
+    """SATGATE_SESSIONS_PER_TOKEN=100 used to close the first 50 sessions: one identity is not one client."""
+    registry = SessionRegistry(cap=10_000, idle_ttl=TTL, per_token=per_token_quota(mode, 100), publisher=publisher,
+                               clock=clock)
+    with capture_logs() as logs:
+        sessions = []
+        for token in tokens:
+            sessions.append(registry.open(token, identity, VERSION))
+            clock.advance(1)
+    assert all(registry.get(s.id) is s for s in sessions)
+    assert registry.held_by(identity.token_id) == 150
+    assert close_reasons(publisher) == []
+    assert evictions_warned(logs) == []
+
+
+def test_a_shared_identity_is_still_bounded_by_the_session_cap(clock: FakeClock, publisher: RecordingPublisher
+                                                                ) -> None:
+    registry = SessionRegistry(cap=5, idle_ttl=TTL, per_token=per_token_quota("none", 2), publisher=publisher,
+                               clock=clock)
+    sessions = [registry.open(f"client-{n}", ANONYMOUS_IDENTITY, VERSION) for n in range(5)]
+    with pytest.raises(RegistryFull) as full:
+        registry.open("client-5", ANONYMOUS_IDENTITY, VERSION)
+    assert not isinstance(full.value, TokenSessionsBusy)
+    assert all(registry.get(s.id) is s for s in sessions)  # the cap refuses; it never evicts
+
+
+def test_attack_in_header_mode_one_token_flooding_still_evicts_only_its_own_sessions(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = SessionRegistry(cap=10_000, idle_ttl=TTL, per_token=per_token_quota("header", 100),
+                               publisher=publisher, clock=clock)
+    bob = registry.open(BOB_TOKEN, BOB, VERSION)
+    with capture_logs() as logs:
+        for _ in range(150):
+            registry.open(ALICE_TOKEN, ALICE, VERSION)
+            clock.advance(1)
+    assert registry.held_by("alice") == 100
+    assert [reason for _, reason in close_reasons(publisher)] == ["evicted"] * 50
+    assert registry.get(bob.id) is bob
+    assert evictions_warned(logs) == ["alice"]
+
+
+def test_the_eviction_warning_is_logged_once_per_token_id_per_process(
+    clock: FakeClock, publisher: RecordingPublisher
+) -> None:
+    registry = quota_registry(clock, publisher, cap=100, per_token=3)
+    with capture_logs() as logs:
+        for _ in range(10):
+            registry.open(ALICE_TOKEN, ALICE, VERSION)
+            registry.open(BOB_TOKEN, BOB, VERSION)
+        clock.advance(TTL)
+        registry.sweep()  # every session idles out; a later episode is still the same token id
+        for _ in range(5):
+            registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert evictions_warned(logs) == ["alice", "bob"]
+    [warning] = [e for e in logs if e["token_id"] == "alice"]
+    assert warning["quota"] == 3
+    assert "SATGATE_SESSIONS_PER_TOKEN" in str(warning["hint"])
+    assert len(close_reasons(publisher)) > 2  # each eviction is still an event, only the warning is once
+
+
+def test_no_warning_while_a_token_stays_within_its_quota(clock: FakeClock, publisher: RecordingPublisher) -> None:
+    registry = quota_registry(clock, publisher, cap=100, per_token=3)
+    with capture_logs() as logs:
+        for _ in range(3):
+            registry.open(ALICE_TOKEN, ALICE, VERSION)
+    assert evictions_warned(logs) == []
+
+
+def test_the_warned_token_ids_stay_bounded(clock: FakeClock, publisher: RecordingPublisher,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("satgate_mcp.sessions.QUOTA_WARNED_BOUND", 2)
+    registry = quota_registry(clock, publisher, cap=100, per_token=1)
+    with capture_logs() as logs:
+        for name in ["a", "b", "c", "a"]:
+            for _ in range(2):
+                registry.open(f"tok-{name}", Identity(token_id=name), VERSION)
+    assert evictions_warned(logs) == ["a", "b", "c", "a"]  # "a" was forgotten when the set started over
+    assert len(registry._quota_warned) <= 2

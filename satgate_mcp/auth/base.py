@@ -33,9 +33,11 @@ class TokenError(Exception):
 
     outcome: AuthOutcome = AuthOutcome.INVALID
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, hint: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        #: For the operator's log only (what to fix), never for the client.
+        self.hint = hint
 
 
 class TokenInvalid(TokenError):
@@ -107,6 +109,25 @@ class Identity:
 
 ANONYMOUS_IDENTITY = Identity(token_id=ANONYMOUS)
 
+#: Modes in which every client presents one identity: ``none`` (``anonymous``) and ``config`` (one shared secret).
+SHARED_IDENTITY_MODES = frozenset({"none", "config"})
+
+
+def per_token_quota(auth_mode: str, configured: int) -> int | None:
+    """The per-token quota to enforce in this mode; None where every client shares one identity.
+
+    A per-token quota (live sessions, DELETE tombstones, requests in flight) keeps one tenant from
+    starving another. In ``none`` mode every client is ``anonymous`` and in ``config`` mode every client
+    holds the one static token, so such a quota would be a second, lower, gateway-wide cap: with
+    ``SATGATE_SESSIONS_PER_TOKEN=100`` the 101st client would evict the first one's session. Counting per
+    client address instead would not help: in ``none`` mode on loopback (its default) and behind a reverse
+    proxy every client shares one address, and an address is not a tenant anyway (NAT). ``config`` mode's
+    one secret is one tenant by definition. So in those modes only the process-wide bounds apply:
+    ``SATGATE_SESSION_CAP`` (sessions, and the tombstone map) and ``SATGATE_MAX_INFLIGHT``. Any other mode,
+    including one this function does not know, keeps the quota (failing safe).
+    """
+    return None if auth_mode in SHARED_IDENTITY_MODES else configured
+
 
 def required_scope(tool_scopes: Mapping[str, str], tool: str) -> str | None:
     """The scope a tool needs: the most specific pattern's (exact name, longest prefix, ``*``); None: none."""
@@ -121,6 +142,8 @@ class AuthResult:
     #: The bearer exactly as presented; only ever hashed, never logged or forwarded.
     token: str = ""
     reason: str = ""
+    #: What the operator can do about it (logged with the refusal, never sent to the client).
+    hint: str = ""
 
     @property
     def ok(self) -> bool:

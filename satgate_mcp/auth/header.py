@@ -24,6 +24,7 @@ class _Verified:
     outcome: AuthOutcome
     reason: str
     until: float
+    hint: str = ""
 
 
 class MacaroonAuthenticator:
@@ -65,7 +66,7 @@ class MacaroonAuthenticator:
             # looked up on the module: tests count verifications by replacing it there
             entry = _Verified(macaroons.verify_signature(self._root_key, token), AuthOutcome.OK, "", 0.0)
         except TokenError as exc:
-            entry = _Verified(None, exc.outcome, exc.reason, 0.0)
+            entry = _Verified(None, exc.outcome, exc.reason, 0.0, exc.hint)
         entry.until = now + self._cache_seconds
         self._cache[key] = entry
         self._cache.move_to_end(key)
@@ -81,7 +82,7 @@ class MacaroonAuthenticator:
         entry = self._verified(token, now)
         identity = entry.identity
         if identity is None:
-            return AuthResult(entry.outcome, reason=entry.reason)
+            return AuthResult(entry.outcome, reason=entry.reason, hint=entry.hint)
         try:
             revoked = await self._revoked_id(identity)
         except Exception as exc:  # a store outage must neither crash nor read as the client's fault

@@ -206,13 +206,21 @@ def _root_key_bytes(root_key: str) -> bytes:
     return root_key.encode("utf-8")
 
 
+#: ``reason`` of a well-formed token whose HMAC chain does not verify under this gateway's root key.
+SIGNATURE_MISMATCH = "signature_mismatch"
+#: Logged with it: the usual cause is a deployment whose processes (or whose minting host) hold different keys.
+SIGNATURE_MISMATCH_HINT = ("the token's signature does not verify under this gateway's SATGATE_ROOT_KEY: it was "
+                           "minted with another root key, or altered; every gateway process (and `satgate-mcp "
+                           "token mint`) must share one SATGATE_ROOT_KEY")
+
+
 def _check_signature(root_key: str, raw: RawToken) -> None:
     verifier = Verifier()
     verifier.satisfy_general(lambda _predicate: True)  # the HMAC chain only: caveats are judged after it
     try:
         verifier.verify(raw.macaroon, _root_key_bytes(root_key))
     except Exception:
-        raise TokenInvalid("signature does not verify") from None
+        raise TokenInvalid(SIGNATURE_MISMATCH, hint=SIGNATURE_MISMATCH_HINT) from None
 
 
 def identity_from(identifier: TokenIdentifier, predicates: Sequence[str], limits: Restrictions) -> Identity:
@@ -400,6 +408,8 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
 
 
 __all__ = [
+    "SIGNATURE_MISMATCH",
+    "SIGNATURE_MISMATCH_HINT",
     "TokenIdentifier",
     "add_caveats",
     "decode_identifier",

@@ -313,6 +313,51 @@ class RevocationSettings(Protocol):
     def redis_timeout(self) -> float: ...
 
 
+#: Where the systemd unit's ``StateDirectory=`` puts revocations (README, config/satgate-mcp.env.example).
+DOCUMENTED_REVOCATION_FOLDER = "/var/lib/satgate-mcp"
+
+
+def missing_revocation_folder(path: Path | None, *, is_dir: Callable[[Path], bool] = Path.is_dir) -> Path | None:
+    """The folder ``SATGATE_REVOCATION_FILE`` names that does not exist; None when there is no file or it does.
+
+    Nobody creates it for the operator: ``token revoke`` usually runs as root, and a folder it made would be
+    root's, with root's umask, so the daemon (``DynamicUser=`` under systemd) could neither read a file kept
+    private nor revoke through it. The unit's ``StateDirectory=`` makes the documented folder with the right
+    owner and mode; anywhere else the operator creates it on purpose.
+    """
+    if path is None or not str(path).strip():
+        return None
+    folder = path.parent
+    return None if is_dir(folder) else folder
+
+
+def revocation_folder_problem(path: Path | None, *, is_dir: Callable[[Path], bool] = Path.is_dir) -> str | None:
+    """What ``token revoke`` says (exit 2) instead of a FileNotFoundError when the file's folder is missing."""
+    folder = missing_revocation_folder(path, is_dir=is_dir)
+    if folder is None:
+        return None
+    return (f"SATGATE_REVOCATION_FILE={path}: its folder {folder} does not exist; create it, writable by the user "
+            f"the gateway runs as (the systemd unit's StateDirectory= makes {DOCUMENTED_REVOCATION_FOLDER})")
+
+
+def warn_missing_revocation_folder(path: Path | None) -> bool:
+    """At ``serve``: one warning, not a refusal, when the file's folder is missing (True when warned).
+
+    Nothing can have been revoked through a file that cannot exist, so starting admits exactly the tokens an
+    empty file would; ``token revoke`` refuses with the folder named, and once the folder and the file appear
+    the running daemon reads them within a second, with no restart. Refusing to start would turn that into an
+    outage (and systemd does not restart on exit 2).
+    """
+    folder = missing_revocation_folder(path)
+    if folder is None:
+        return False
+    _log.warning("revocation_folder_missing", path=str(path), folder=str(folder),
+                 hint="`satgate-mcp token revoke` cannot write there and nothing is revoked through this file "
+                      "until the folder exists; create it, writable by the gateway's user (the systemd unit's "
+                      f"StateDirectory= makes {DOCUMENTED_REVOCATION_FOLDER})")
+    return True
+
+
 def revocation_store_configured(settings: RevocationSettings) -> bool:
     return bool(settings.revocation_file) or bool(settings.redis_url)
 

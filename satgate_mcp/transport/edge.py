@@ -22,7 +22,7 @@ import structlog
 from aiohttp import web
 
 from satgate_mcp import events, jsonrpc
-from satgate_mcp.auth.base import Authenticator, Identity
+from satgate_mcp.auth.base import Authenticator, Identity, per_token_quota
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import Publisher
 from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
@@ -134,7 +134,9 @@ class Edge:
         self._dispatcher = dispatcher
         self._publisher = publisher
         self._metrics = metrics
-        self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight_per_token,
+        # A shared identity (none, config) has no per-token bound: only the process's (see per_token_quota).
+        per_token = per_token_quota(authenticator.mode, settings.max_inflight_per_token)
+        self.limiter = limiter or InflightLimiter(per_token=settings.max_inflight if per_token is None else per_token,
                                                   total=settings.max_inflight)
         self._inflight: dict[InflightKey, set[RunningCall]] = {}
         #: Upstream requests relayed to clients, waiting for their answers.
@@ -221,7 +223,9 @@ class Edge:
             return Principal(result.token, result.identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
-        named = {"token_id": result.identity.token_id} if result.identity is not None else {}
+        named: dict[str, str] = {"token_id": result.identity.token_id} if result.identity is not None else {}
+        if result.hint:  # what the operator can fix (a root key mismatch); the client's answer stays the same
+            named["hint"] = result.hint
         self._publisher.publish(events.AUTH_FAILURE, outcome=str(result.outcome), reason=result.reason,
                                 path=request.path, remote=request.remote, **named)
         return rules.auth_refusal(result.outcome, self._settings.oauth_resource_metadata_url)

@@ -19,7 +19,7 @@ from pymacaroons.macaroon import MACAROON_V2
 from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator, TokenInvalid
 from satgate_mcp.auth.caveats import MAX_PREDICATE_BYTES, DepthCaveat, parse_caveat, split_predicate
 from satgate_mcp.auth.header import MacaroonAuthenticator
-from satgate_mcp.auth.macaroons import decode_identifier, mint_token, verify_signature
+from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, decode_identifier, mint_token, verify_signature
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 
 KEY = "the-gateways-own-root-key-0123456789abcdef"
@@ -83,7 +83,7 @@ async def test_attack_backtracking_caveat_gets_401_fast() -> None:
     result = await auth.authenticate(f"Bearer {token}")
     assert time.process_time() - started < AUTH_CPU_BOUND
     assert result.outcome is AuthOutcome.INVALID
-    assert result.reason == "signature does not verify"
+    assert result.reason == SIGNATURE_MISMATCH
 
 
 def test_signature_is_checked_before_any_caveat_or_identifier_is_interpreted(monkeypatch: pytest.MonkeyPatch

@@ -35,7 +35,7 @@ from satgate_mcp import events, jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.header import MacaroonAuthenticator
-from satgate_mcp.auth.macaroons import add_caveats, mint_token
+from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, add_caveats, mint_token
 from satgate_mcp.auth.revocation import FileRevocationStore, RevocationStore
 from satgate_mcp.events import FanoutPublisher, LogPublisher, RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
@@ -303,6 +303,39 @@ async def test_initialize_with_a_token_that_does_not_pass_is_refused_and_creates
     # Only a token whose signature verified (revoked, expired) is named; a forged one claims nothing.
     verified = outcome in ("revoked", "expired")
     assert ("token_id" in failure) is verified
+    assert_never_repeated(token, gw, answer)
+
+
+@pytest.mark.parametrize(
+    ("presented", "reason", "hinted"),
+    [
+        pytest.param(lambda: mint(key=OTHER_KEY), SIGNATURE_MISMATCH, True, id="minted-under-another-root-key"),
+        pytest.param(lambda: tampered_signature(mint()), SIGNATURE_MISMATCH, True, id="tampered-signature"),
+        pytest.param(lambda: "not-a-macaroon", "malformed token", False, id="garbage-gets-no-key-hint"),
+    ],
+)
+async def test_a_signature_that_does_not_verify_is_logged_as_a_root_key_mismatch_and_told_nobody_else(
+    start: StartGateway, presented: Callable[[], str], reason: str, hinted: bool
+) -> None:
+    """Issue 23: a bare ``invalid`` left an operator with two processes on different keys guessing."""
+    gw = await start()
+    token = presented()
+    answer = await gw.post(init_request(request_id=7), token=token)
+    baseline = await gw.post(init_request(request_id=7), token="not-a-macaroon")
+
+    assert_refused(answer, 401, "invalid_token", request_id=7, oauth=False)
+    # The client learns nothing new: the very answer any other invalid token gets.
+    assert (answer.text, answer.headers["WWW-Authenticate"]) == (baseline.text, baseline.headers["WWW-Authenticate"])
+    [line, _] = [e for e in gw.logs if e["event"] == events.AUTH_FAILURE]
+    assert (line["outcome"], line["reason"]) == ("invalid", reason)
+    assert "token_id" not in line  # an unverified identifier claims nothing
+    if hinted:
+        assert "does not verify under this gateway's SATGATE_ROOT_KEY" in line["hint"]
+        assert "every gateway process" in line["hint"]
+        assert KEY not in line["hint"]
+        assert OTHER_KEY not in line["hint"]
+    else:
+        assert "hint" not in line
     assert_never_repeated(token, gw, answer)
 
 

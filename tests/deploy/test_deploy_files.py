@@ -7,7 +7,7 @@ from __future__ import annotations
 import configparser
 import re
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -85,6 +85,25 @@ def test_systemd_service_drains_before_the_kill_and_is_hardened() -> None:
                        "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6"}.items():
         assert service[key] == value, key
     assert service["StateDirectory"]
+
+
+DOCUMENTED_REVOCATION_FILE = "/var/lib/satgate-mcp/revoked.txt"
+
+
+@pytest.mark.parametrize("doc", [pytest.param("README.md", id="readme"), pytest.param("docs/tokens.md", id="tokens"),
+                                 pytest.param("docs/operations.md", id="operations")])
+def test_the_revocation_file_path_is_the_same_in_the_example_the_docs_and_the_unit(doc: str) -> None:
+    """Issue 23: the example said .../revoked and the docs .../revoked.txt, so the daemon and ``token revoke``
+    copied from different places watched different files."""
+    [line] = [line for line in example_lines() if re.match(r"#?\s*SATGATE_REVOCATION_FILE=", line)]
+    example = line.split("=", 1)[1].strip()
+    assert example == DOCUMENTED_REVOCATION_FILE
+    paths = set(re.findall(r"SATGATE_REVOCATION_FILE=(\S+?)[`\s]", (REPO / doc).read_text()))
+    assert paths == {example}, paths
+    # The unit's StateDirectory= is the folder that path needs: systemd makes it, writable by the DynamicUser.
+    service = unit("satgate-mcp.service")["Service"]
+    assert PurePosixPath(example).parent == PurePosixPath("/var/lib") / service["StateDirectory"]
+    assert service["WorkingDirectory"] == str(PurePosixPath(example).parent)
 
 
 def test_systemd_socket_listens_on_loopback_and_hands_one_listening_socket() -> None:

@@ -8,10 +8,12 @@ from typing import Any
 
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
+from pydantic import SecretStr
 from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
+from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.settings import Settings
 from tests.fakes import AllowAllPolicy, FakePool
 
@@ -19,11 +21,13 @@ META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontex
 
 
 async def listen(client: TestClient[web.Request, web.Application], request_id: str,
-                 notifications: dict[str, Any]) -> ClientResponse:
+                 notifications: dict[str, Any], token: str | None = None) -> ClientResponse:
     body = jsonrpc.request_message(request_id, "subscriptions/listen", {"notifications": notifications, "_meta": META})
-    return await client.post("/mcp", data=json.dumps(body), headers={
-        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "subscriptions/listen"})
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "subscriptions/listen"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return await client.post("/mcp", data=json.dumps(body), headers=headers)
 
 
 async def next_message(resp: ClientResponse) -> Any:
@@ -56,11 +60,16 @@ async def test_a_listen_stream_acknowledges_then_sends_only_what_was_asked_stamp
 
 async def test_attack_a_token_cannot_hold_listen_streams_past_its_in_flight_quota(
         aiohttp_client: AiohttpClient) -> None:
-    app = create_app(Settings(state_dir="memory", max_inflight_per_token=2), pool=FakePool(), policy=AllowAllPolicy())
+    # Header mode: a token id is a tenant (in none mode only the process bound applies, issue 23).
+    key = "k" * 40
+    app = create_app(Settings(state_dir="memory", auth_mode="header", root_key=SecretStr(key),
+                              max_inflight_per_token=2),
+                     pool=FakePool(), policy=AllowAllPolicy())
     client = await aiohttp_client(app)
-    held = [await listen(client, f"s{i}", {"toolsListChanged": True}) for i in range(2)]
+    token = mint_token(key, "agent-1")
+    held = [await listen(client, f"s{i}", {"toolsListChanged": True}, token) for i in range(2)]
     for resp in held:
         assert (await next_message(resp))["method"] == "notifications/subscriptions/acknowledged"
-    refused = await listen(client, "s3", {"toolsListChanged": True})
+    refused = await listen(client, "s3", {"toolsListChanged": True}, token)
     assert (await refused.json())["error"]["data"]["error"] == "rate_limited"
     held[0].close()

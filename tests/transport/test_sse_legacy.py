@@ -79,9 +79,10 @@ async def test_shutdown_ends_open_streams_so_the_drain_need_not_wait() -> None:
 
 
 async def test_attack_a_message_flood_gets_rate_limited_replies_and_no_pile_of_tasks() -> None:
-    """Past the per-token bound each /message is refused at once (-32004 on the stream), never queued."""
+    """Past the in-flight bound each /message is refused at once (-32004 on the stream), never queued. In none
+    mode that is the process's bound: ``anonymous`` is every client, so no per-token bound applies (issue 23)."""
     pool = FakePool()
-    app = create_app(Settings(max_inflight_per_token=3), authenticator=NoAuthenticator(), pool=pool,
+    app = create_app(Settings(max_inflight=3), authenticator=NoAuthenticator(), pool=pool,
                      policy=AllowAllPolicy(), publisher=RecordingPublisher())
     async with TestClient(TestServer(app)) as client:
         stream = await client.get("/sse")
