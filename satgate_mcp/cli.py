@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +19,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import structlog
-from dotenv import dotenv_values
 from pydantic import SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from satgate_mcp import __version__
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
-from satgate_mcp.auth.revocation import check_token_id
+from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
+from satgate_mcp.config_problems import format_settings_error as format_settings_error  # its old home
+from satgate_mcp.config_problems import load_checked, variable_names
 from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import (
@@ -36,7 +36,6 @@ from satgate_mcp.settings import (
     Settings,
     StdioUpstreamSpec,
     format_errors,
-    load_settings,
     unknown_variables,
 )
 from satgate_mcp.state import cli_revocations, no_cli_revocations_reason
@@ -60,15 +59,6 @@ class TokenSettings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
-
-
-def format_settings_error(exc: SettingsError) -> str:
-    """pydantic-settings fails before validation when a JSON-valued variable is not JSON; name the variable."""
-    m = re.search(r'field "(\w+)"', str(exc))
-    var = ENV_PREFIX + m.group(1).upper() if m else "configuration"
-    cause = exc.__cause__
-    detail = f" ({cause.msg} at position {cause.pos})" if isinstance(cause, json.JSONDecodeError) else ""
-    return f"invalid {var}: must be valid JSON{detail}"
 
 
 def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
@@ -111,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--handover", action="store_true",
                        help="take over a port another satgate-mcp already listens on (SO_REUSEPORT "
                             "handover; same as SATGATE_HANDOVER=true); without it such a start is refused")
+    serve.add_argument("--host", metavar="ADDRESS",
+                       help="address to listen on (wins over SATGATE_HOST and the config file)")
+    serve.add_argument("--port", metavar="PORT",
+                       help="port to listen on, 0 to 65535 (wins over SATGATE_PORT and the config file)")
 
     token = commands.add_parser("token", help="mint, inspect or revoke bearer tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
@@ -162,10 +156,7 @@ def _token_settings(config: Path | None) -> TokenSettings:
 
 def _warn_unknown_variables(config: Path | None) -> None:
     """One warning at start naming every ``SATGATE_*`` variable (environment or config file) nothing reads."""
-    names = list(os.environ)
-    if config is not None:
-        names += [name for name in dotenv_values(config) if name]
-    if unknown := unknown_variables(names):
+    if unknown := unknown_variables(variable_names(os.environ, config)):
         structlog.get_logger("satgate_mcp.cli").warning(
             "unknown_variables", names=sorted(unknown), did_you_mean={k: v for k, v in unknown.items() if v},
             hint="these SATGATE_* variables are ignored; docs/configuration.md lists every setting")
@@ -180,16 +171,25 @@ def _stdio_command_problem(settings: Settings) -> str | None:
     return None
 
 
+#: ``serve`` flags that set a setting, and win over the environment and the config file.
+SERVE_FLAGS = {"host": "--host", "port": "--port", "handover": "--handover"}
+
+
+def serve_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the flags give (validated with the rest, so a bad ``--port`` reads like a bad
+    ``SATGATE_PORT``), and which flag set each: a problem names the flag, not the variable it beat."""
+    given = {field: getattr(args, field) for field in SERVE_FLAGS}
+    overrides = {field: value for field, value in given.items() if value is not None and value is not False}
+    return overrides, {field: SERVE_FLAGS[field] for field in overrides}
+
+
 def cmd_serve(args: argparse.Namespace) -> ExitCode:
     if problem := _missing_config(args.config):
         return _fail(problem)
-    try:
-        settings = load_settings(args.config, **({"handover": True} if args.handover else {}))
-    except ValidationError as exc:
-        print(format_errors(exc), file=sys.stderr)
-        return ExitCode.CONFIG
-    except SettingsError as exc:
-        print(format_settings_error(exc), file=sys.stderr)
+    settings = load_checked(args.config, *serve_overrides(args))
+    if isinstance(settings, list):  # one line per problem, each ``satgate-mcp: ...`` like every start-up failure
+        for line in settings:
+            _fail(line)
         return ExitCode.CONFIG
     if problem := _stdio_command_problem(settings):
         return _fail(problem)
@@ -198,6 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> ExitCode:
 
     configure_logging(settings)
     _warn_unknown_variables(args.config)
+    warn_missing_revocation_folder(settings.revocation_file)
     try:
         return serve(settings)
     except ConfigError as exc:
@@ -300,6 +301,8 @@ def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
             info["verified"], info["reason"] = True, ""
         except TokenError as exc:
             info["verified"], info["reason"] = False, exc.reason
+            if exc.hint:  # a root key mismatch: say what to check
+                info["hint"] = exc.hint
     info["revoked"] = None
     if not no_cli_revocations_reason(settings):
         try:
@@ -324,7 +327,7 @@ def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
         token_id = check_token_id(args.token_id)
     except ValueError as exc:
         return _fail(str(exc))
-    if problem := no_cli_revocations_reason(settings):
+    if problem := no_cli_revocations_reason(settings) or revocation_folder_problem(settings.revocation_file):
         return _fail(problem)
     try:
         asyncio.run(_revoke(settings, token_id))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -140,6 +140,10 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = None
     #: ``none`` auth on a non-loopback address refuses to start without this.
     allow_unauthenticated: bool = False
+    allow_unknown_variables: bool = Field(
+        default=False,
+        description="`serve` refuses to start on a `SATGATE_*` name nothing reads (a typo such as "
+                    "`SATGATE_AUTH_MOD`), naming the setting it likely meant; `true` starts anyway with a warning.")
     oauth_resource_metadata_url: str | None = None
     oauth_authorization_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: ``oauth`` mode: whose tokens are accepted (``iss``, exact), where its keys are (else discovered).
@@ -181,6 +185,15 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] | None = None
     log_level: str = "INFO"
     access_log_health: bool = True
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        """``serve --host ""`` would otherwise reach the bind; an empty variable already means the default."""
+        host = value.strip()
+        if not host or any(c.isspace() or not c.isprintable() for c in host):
+            raise ValueError(f"expected an IP address or host name such as 127.0.0.1, 0.0.0.0 or ::, got {value!r}")
+        return host
 
     @field_validator("allowed_origins", "allowed_hosts", "oauth_authorization_servers", "oauth_audience",
                      mode="before")
@@ -346,8 +359,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     return Settings(**overrides)
 
 
-#: ``SATGATE_*`` names read by something other than ``Settings``: client examples and the scripts.
-OTHER_KNOWN_VARIABLES = frozenset({"SATGATE_TOKEN", "SATGATE_BIN", "SATGATE_TEST_VENV", "SATGATE_CONFORMANCE"})
+#: ``SATGATE_*`` names read by something other than ``Settings``: client examples and the scripts (``serve`` started
+#: from scripts/test.sh inherits ``SATGATE_DEPS``; ``SATGATE_UV`` is scripts/lock.sh's).
+OTHER_KNOWN_VARIABLES = frozenset({"SATGATE_TOKEN", "SATGATE_BIN", "SATGATE_TEST_VENV", "SATGATE_CONFORMANCE",
+                                   "SATGATE_DEPS", "SATGATE_UV"})
 
 
 def known_variables() -> frozenset[str]:
@@ -366,13 +381,8 @@ def unknown_variables(names: Iterable[str]) -> dict[str, str | None]:
     return found
 
 
-def format_errors(exc: ValidationError) -> str:
-    """One line per problem, each naming the environment variable to fix."""
-    lines = []
-    for err in exc.errors():
-        loc = [str(part) for part in err["loc"]]
-        var = ENV_PREFIX + loc[0].upper() if loc else "configuration"
-        detail = ".".join(loc[1:])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        lines.append(f"invalid {var}{' (' + detail + ')' if detail else ''}: {msg}")
-    return "\n".join(lines)
+def format_errors(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:
+    """One line per problem, each naming the environment variable (or flag) to fix, what it expects, an example."""
+    from satgate_mcp.config_problems import format_errors as readable  # it reads this module's models
+
+    return readable(exc, flags)

@@ -90,8 +90,23 @@ def test_inspect_without_key_says_verified_null_and_with_wrong_key_false() -> No
 
     wrong = run("token", "inspect", token, SATGATE_ROOT_KEY="w" * 40)
     assert wrong.returncode == 1
-    assert json.loads(wrong.stdout)["verified"] is False
+    info = json.loads(wrong.stdout)
+    assert (info["verified"], info["reason"]) == (False, "signature_mismatch")
+    assert "every gateway process" in info["hint"]
     assert token not in wrong.stderr
+
+
+@pytest.mark.process
+def test_revoke_into_a_folder_that_does_not_exist_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Issue 23: this was a bare FileNotFoundError traceback."""
+    folder = tmp_path / "var" / "lib" / "satgate-mcp"
+    revoke = run("token", "revoke", "tok-alice", SATGATE_REVOCATION_FILE=str(folder / "revoked.txt"))
+    assert revoke.returncode == 2
+    [line] = revoke.stderr.splitlines()
+    assert line.startswith("satgate-mcp: SATGATE_REVOCATION_FILE=")
+    assert f"its folder {folder} does not exist; create it" in line
+    assert revoke.stdout == ""
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize(
@@ -110,6 +125,7 @@ def test_serve_refuses_bad_settings_with_one_line(env: dict[str, str], variable:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("satgate-mcp: invalid "), "every start-up failure line has the same prefix"
     assert variable in lines[0]
     assert "Traceback" not in result.stderr
 

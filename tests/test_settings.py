@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_defaults_match_the_design() -> None:
 @pytest.mark.parametrize(
     ("env", "variable", "fragment"),
     [
-        pytest.param({"PORT": "abc"}, "SATGATE_PORT", "integer", id="port-not-a-number"),
+        pytest.param({"PORT": "abc"}, "SATGATE_PORT", "whole number", id="port-not-a-number"),
         pytest.param({"PORT": "70000"}, "SATGATE_PORT", "65535", id="port-out-of-range"),
         pytest.param({"UPSTREAMS": "{bad"}, "SATGATE_UPSTREAMS", "must be a JSON object", id="upstreams-bad-json"),
         pytest.param({"UPSTREAMS": "[1, 2]"}, "SATGATE_UPSTREAMS", "must be a JSON object",
@@ -221,7 +222,7 @@ def test_isolation_on_an_http_upstream_is_refused_at_start_up(isolation: str) ->
     spec = {"transport": "http", "url": "http://127.0.0.1:1/mcp", "isolation": isolation}
     with pytest.raises(ValidationError, match=f'"isolation": "{isolation}" applies to stdio upstreams only') as err:
         Settings(upstreams={"web": spec})  # type: ignore[dict-item]
-    assert "SATGATE_UPSTREAMS (web.http.isolation)" in format_errors(err.value)
+    assert 'SATGATE_UPSTREAMS (upstream "web"): "isolation"' in format_errors(err.value)
 
 
 @pytest.mark.parametrize("bad", [pytest.param({"isolation": "process"}, id="unknown-isolation"),
@@ -236,6 +237,10 @@ def test_a_bad_isolation_or_instance_cap_is_refused_at_start_up(bad: dict[str, o
     [
         pytest.param(["SATGATE_PORT", "SATGATE_ROOT_KEY", "HOME"], {}, id="known-and-foreign-names-pass"),
         pytest.param(["SATGATE_TOKEN", "SATGATE_TEST_VENV"], {}, id="names-the-scripts-read-pass"),
+        pytest.param(["SATGATE_DEPS", "SATGATE_UV"], {}, id="names-scripts-test-sh-exports-pass"),
+        pytest.param(["SATGATE_ALLOW_UNKNOWN_VARIABLES"], {}, id="the-opt-out-is-a-setting"),
+        pytest.param(["SATGATE_ROOTKEY"], {"SATGATE_ROOTKEY": "SATGATE_ROOT_KEY"}, id="missing-underscore"),
+        pytest.param(["SATGATE_AUTH_MOD"], {"SATGATE_AUTH_MOD": "SATGATE_AUTH_MODE"}, id="missing-last-letter"),
         pytest.param(["SATGATE_PROT"], {"SATGATE_PROT": "SATGATE_PORT"}, id="typo-gets-a-suggestion"),
         pytest.param(["satgate_rate_limt"], {"satgate_rate_limt": "SATGATE_RATE_LIMIT"}, id="any-case"),
         pytest.param(["SATGATE_SOMETHING_ELSE"], {"SATGATE_SOMETHING_ELSE": None}, id="no-close-name"),
@@ -244,3 +249,21 @@ def test_a_bad_isolation_or_instance_cap_is_refused_at_start_up(bad: dict[str, o
 )
 def test_misspelled_satgate_variables_are_named(names: list[str], expected: dict[str, str | None]) -> None:
     assert unknown_variables(names) == expected
+
+
+#: Misspelled on purpose in the tests (each one checks the suggestion or the refusal).
+TYPOS_IN_TESTS = frozenset({"SATGATE_PROT", "SATGATE_RATE_LIMT", "SATGATE_SOMETHING_ELSE", "SATGATE_ROOTKEY",
+                            "SATGATE_AUTH_MOD", "SATGATE_FLAVOUR"})
+#: Where a SATGATE_* name may end up in the environment of a ``serve`` that the tests, the scripts or CI start.
+STARTED_FROM = ("tests", "scripts", "README.md", "config", "Dockerfile", "fly.toml", ".ci")
+
+
+def test_no_name_the_repository_sets_is_refused_as_unknown() -> None:
+    """``serve`` refuses unknown SATGATE_* names: one exported by a script or a test harness would stop it."""
+    repo = Path(__file__).resolve().parents[1]
+    files = [path for entry in STARTED_FROM for path in ([repo / entry] if (repo / entry).is_file() else
+                                                         sorted((repo / entry).rglob("*")))
+             if path.is_file() and "__pycache__" not in path.parts]
+    names = {name for path in files for name in re.findall(r"\bSATGATE_[A-Z0-9_]*[A-Z0-9]\b",
+                                                           path.read_text(errors="replace"))}
+    assert set(unknown_variables(names)) <= TYPOS_IN_TESTS

@@ -417,9 +417,37 @@ async def test_systemd_socket_activation_as_systemd_itself_speaks_it(gateways: G
     await assert_clean_exit(gateway)
 
 
-async def test_a_misspelled_variable_is_named_once_at_start(gateways: Gateways) -> None:
+def test_a_misspelled_variable_stops_the_start_with_one_line() -> None:
+    """``SATGATE_AUTH_MOD=header`` would otherwise serve with auth off: the start is refused, naming the setting."""
+    env = light_env(free_port(), SATGATE_AUTH_MOD="header")
+    del env["SATGATE_AUTH_MODE"]
+    code, stderr, logged = start_failure(env)
+    assert code == 2
+    assert stderr == ["satgate-mcp: unknown variable SATGATE_AUTH_MOD (did you mean SATGATE_AUTH_MODE?): nothing "
+                      "reads it; fix the name, or set SATGATE_ALLOW_UNKNOWN_VARIABLES=true to start anyway"]
+    assert not [e for e in logged if e["event"] == "listening"]
+
+
+async def test_serve_port_flag_wins_over_the_environment_and_the_config_file(
+    gateways: Gateways, tmp_path: Path
+) -> None:
     port = free_port()
-    gateway = await gateways.start(light_env(port, SATGATE_RATE_LIMT="5/s"), name="gateway")
+    config = tmp_path / "satgate.env"
+    config.write_text("SATGATE_PORT=1\nSATGATE_HOST=127.0.0.2\n")
+    env = light_env(1, SATGATE_HOST="127.0.0.3")  # port 1 could never be bound: only the flags can make this work
+    gateway = await gateways.start(env, name="gateway",
+                                   args=("--config", str(config), "--port", str(port), "--host", "127.0.0.1"))
+    listening = await gateway.wait_event("listening")
+    assert (listening["host"], listening["port"]) == ("127.0.0.1", port)
+    assert await healthz(port) == 200
+    gateway.signal(signal.SIGTERM)
+    await assert_clean_exit(gateway)
+
+
+async def test_with_the_opt_out_a_misspelled_variable_is_named_once_at_start(gateways: Gateways) -> None:
+    port = free_port()
+    env = light_env(port, SATGATE_RATE_LIMT="5/s", SATGATE_ALLOW_UNKNOWN_VARIABLES="true")
+    gateway = await gateways.start(env, name="gateway")
     await gateway.wait_event("listening")
     (warning,) = gateway.find("unknown_variables")
     assert warning["names"] == ["SATGATE_RATE_LIMT"]
