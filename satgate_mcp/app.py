@@ -38,12 +38,12 @@ from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
-from satgate_mcp.transport.modern import ModernTransport
 from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.replay import ReplayBook
+from satgate_mcp.transport.session_endpoint import SessionEndpoint
+from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
-from satgate_mcp.transport.stream import StandaloneStream, StreamHub
-from satgate_mcp.transport.streamable import StreamableHttpTransport
+from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 from satgate_mcp.upstream.pool import UpstreamPool
 
 
@@ -141,10 +141,10 @@ def create_app(
     registry.on_close.append(session_ended)
     owned.append(subscriptions.aclose)
 
-    modern = ModernTransport(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
+    modern = StatelessEndpoint(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
     owned.insert(0, modern.aclose)  # first: the calls of the flows it gives up settle in the state store
     replay = ReplayBook()
-    StreamableHttpTransport(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
+    SessionEndpoint(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
                             poll_seconds=settings.sse_poll_seconds).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:

@@ -18,7 +18,7 @@ from typing import Protocol
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.subscriptions import Origin
-from satgate_mcp.transport.modern_rules import META_SUBSCRIPTION_ID
+from satgate_mcp.transport.stateless_rules import META_SUBSCRIPTION_ID
 
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 #: Flag in the filter -> the notification it opts in to.

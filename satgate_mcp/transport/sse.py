@@ -21,7 +21,7 @@ from satgate_mcp.sessions import CloseReason, Session
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.edge import Edge, refusal_answer, rejected_answer, sse_event
 from satgate_mcp.transport.rules import Refusal, Rejected
-from satgate_mcp.transport.stream import StreamHub
+from satgate_mcp.transport.session_stream import StreamHub
 
 LEGACY_VERSION = "2024-11-05"
 KEEPALIVE_SECONDS = 15.0

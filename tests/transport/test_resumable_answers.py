@@ -22,7 +22,7 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport import streamable
+from satgate_mcp.transport import session_endpoint
 from satgate_mcp.transport.replay import (
     DELIVERED_RETAIN_SECONDS,
     MAX_EVENTS,
@@ -297,7 +297,7 @@ async def test_a_quiet_stream_is_closed_mid_call_and_the_client_polls_for_the_an
 
 async def test_without_event_ids_a_stream_is_never_closed_for_polling(
         aiohttp_client: AiohttpClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(streamable, "KEEPALIVE_SECONDS", 0.05)  # a keep-alive every poll period: the test's clock
+    monkeypatch.setattr(session_endpoint, "KEEPALIVE_SECONDS", 0.05)  # a keep-alive every poll period: the test's clock
     gw = await polling_gateway(aiohttp_client, 0.05)
     session = await gw.initialize("2025-06-18")
     call = await gw.post(session, call_tool(12, "block"), version="2025-06-18")

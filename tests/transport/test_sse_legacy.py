@@ -146,7 +146,7 @@ async def test_a_bad_message_is_refused_as_on_mcp(body: bytes, status: int, erro
 
 async def test_a_legacy_stream_gets_list_changes_and_updates_of_the_resources_it_subscribed_to() -> None:
     """The legacy stream is its session's only stream: what GET /mcp would carry goes on it too."""
-    from tests.transport.test_stream import SubscribablePool
+    from tests.transport.test_session_stream import SubscribablePool
 
     pool = SubscribablePool()
     app = create_app(Settings(), authenticator=NoAuthenticator(), pool=pool, policy=AllowAllPolicy(),

@@ -23,7 +23,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import Origin, SubscriptionTable
 from satgate_mcp.transport import rules
-from satgate_mcp.transport.callstream import SSE_HEADERS
+from satgate_mcp.transport.call_answer import SSE_HEADERS
 from satgate_mcp.transport.edge import Edge, refusal_answer
 from satgate_mcp.transport.replay import CallLog, ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Refusal
@@ -43,7 +43,7 @@ ALREADY_OPEN = Refusal(409, "stream_already_open",
 #: Once the drain began no stream opens here: it would hold the drain; the client reconnects to the successor.
 SHUTTING_DOWN = Refusal(503, "shutting_down", "This process is shutting down; reconnect", headers={"Retry-After": "1"})
 
-log = structlog.get_logger("satgate_mcp.transport.stream")
+log = structlog.get_logger("satgate_mcp.transport.session_stream")
 
 
 def sse_event_with_id(event_id: int, message: JsonObj | None) -> bytes:

@@ -15,13 +15,13 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import Session
-from satgate_mcp.transport import modern_rules, rules
-from satgate_mcp.transport.callstream import CallStream
+from satgate_mcp.transport import rules, stateless_rules
+from satgate_mcp.transport.call_answer import CallStream
 from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer
-from satgate_mcp.transport.modern import ModernTransport
 from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
-from satgate_mcp.transport.stream import StandaloneStream
+from satgate_mcp.transport.session_stream import StandaloneStream
+from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 
 #: A call that streams nothing for this long gets a comment, so proxies and clients keep the stream open.
 KEEPALIVE_SECONDS = 15.0
@@ -31,9 +31,9 @@ LEGACY_VERSIONS = (*rules.STREAMABLE_VERSIONS, "2024-11-05")
 EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
 
 
-class StreamableHttpTransport:
+class SessionEndpoint:
     def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
-                 keepalive_seconds: float | None = None, modern: ModernTransport | None = None,
+                 keepalive_seconds: float | None = None, modern: StatelessEndpoint | None = None,
                  replay: ReplayBook | None = None, poll_seconds: float = 0.0) -> None:
         """``replay``: where 2025-11-25 answer streams are kept so a client can resume one (None: not resumable);
         ``poll_seconds``: how long such a stream may stay quiet before it is closed for the client to resume."""
@@ -42,7 +42,7 @@ class StreamableHttpTransport:
         self._standalone = standalone
         self._replay = replay
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
-        self._modern = modern or ModernTransport(edge, keepalive_seconds=self._keepalive)
+        self._modern = modern or StatelessEndpoint(edge, keepalive_seconds=self._keepalive)
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
@@ -90,7 +90,7 @@ class StreamableHttpTransport:
         if isinstance(post, Rejected):
             return rejected_answer(post)
         request[RPC_METHOD] = post.method
-        if not post.is_batch and modern_rules.is_modern(
+        if not post.is_batch and stateless_rules.is_modern(
                 post.messages[0], request.headers.get(VERSION_HEADER), LEGACY_VERSIONS,
                 has_session=SESSION_HEADER in request.headers):
             message = post.messages[0]

@@ -969,9 +969,9 @@ def test_inflight_limiter_bounds(per_token: int, total: int, acquires: list[tupl
 
 async def test_a_long_call_streams_keep_alive_comments_once_admitted(
         gateway_factory: GatewayFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    from satgate_mcp.transport import streamable
+    from satgate_mcp.transport import session_endpoint
 
-    monkeypatch.setattr(streamable, "KEEPALIVE_SECONDS", 0.01)
+    monkeypatch.setattr(session_endpoint, "KEEPALIVE_SECONDS", 0.01)
     gw = await gateway_factory()
     session = await gw.initialize("2025-11-25")
     resp = await gw.post(call_tool(7, "block"), session=session)  # headers come with the first keep-alive

@@ -22,7 +22,7 @@ from satgate_mcp.sessions import Session
 from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SubscriptionTable
 from satgate_mcp.transport.edge import Edge
-from satgate_mcp.transport.stream import MAX_QUEUED, OpenStream, StandaloneStream, StreamHub
+from satgate_mcp.transport.session_stream import MAX_QUEUED, OpenStream, StandaloneStream, StreamHub
 from satgate_mcp.upstream.base import ProgressCallback
 from tests.answers import stream_messages
 from tests.fakes import AllowAllPolicy, FakePool

@@ -29,7 +29,7 @@ from satgate_mcp.app import create_app
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.keys import INFLIGHT, REGISTRY
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport.modern_rules import (
+from satgate_mcp.transport.stateless_rules import (
     HEADER_MISMATCH,
     META_CAPABILITIES,
     META_CLIENT_INFO,

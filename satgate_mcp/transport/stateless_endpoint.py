@@ -3,7 +3,7 @@
 The third user of the shared edge: the same Host/Origin checks, body limit, principal, in-flight
 bounds, limits, budgets and duplicate guard as a session, but no session is looked up or minted (an
 ``Mcp-Session-Id`` a modern request carries is ignored). The ladder: the revision's own rules
-(``modern_rules``), the principal, the scopes, then the call; the answer is JSON, or an SSE stream
+(``stateless_rules``), the principal, the scopes, then the call; the answer is JSON, or an SSE stream
 scoped to this one request (its progress, and log messages when its ``_meta`` asks for a level).
 Closing that stream cancels the call.
 """
@@ -20,14 +20,14 @@ from satgate_mcp.auth.base import token_hash
 from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
-from satgate_mcp.transport import listen, modern_rules, mrtr, rules
-from satgate_mcp.transport.callstream import SSE_HEADERS, CallStream
+from satgate_mcp.transport import listen, mrtr, rules, stateless_rules
+from satgate_mcp.transport.call_answer import SSE_HEADERS, CallStream
 from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.listen import Listeners
-from satgate_mcp.transport.modern_rules import META_LOG_LEVEL, meta_of
 from satgate_mcp.transport.relay import Emit
 from satgate_mcp.transport.rules import Refusal
-from satgate_mcp.transport.stream import SHUTTING_DOWN
+from satgate_mcp.transport.session_stream import SHUTTING_DOWN
+from satgate_mcp.transport.stateless_rules import META_LOG_LEVEL, meta_of
 from satgate_mcp.upstream.base import Resume
 from satgate_mcp.upstream.wire import without_input_fields
 
@@ -38,7 +38,7 @@ KEEPALIVE_SECONDS = 15.0
 CLOSE_WAIT_SECONDS = 5.0
 
 
-class ModernTransport:
+class StatelessEndpoint:
     def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
                  listeners: Listeners | None = None, flows: mrtr.Flows | None = None) -> None:
         self._edge = edge
@@ -111,7 +111,7 @@ class ModernTransport:
 
     async def post(self, request: web.Request, message: jsonrpc.Request | jsonrpc.Notification) -> web.StreamResponse:
         request_id = message.id if isinstance(message, jsonrpc.Request) else None
-        refusal = modern_rules.modern_refusal(message, request.headers)
+        refusal = stateless_rules.modern_refusal(message, request.headers)
         if refusal:
             return refusal_answer(refusal, request_id)
         edge = self._edge
@@ -126,7 +126,7 @@ class ModernTransport:
             return refusal_answer(refusal, message.id)
         if message.method == "server/discover":
             return json_answer(jsonrpc.result_response(message.id, self._complete(
-                message.method, edge.discover_result(list(modern_rules.ADVERTISED_VERSIONS)))))
+                message.method, edge.discover_result(list(stateless_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":
             return await self._listen(request, principal, message)
         return await self._run(request, principal, message, meta_of(message.params) or {})
@@ -137,10 +137,10 @@ class ModernTransport:
         params = message.params or {}
         name = params.get("name")
         schema = self._edge.tool_schema(name) if isinstance(name, str) else None
-        return modern_rules.param_header_refusal(schema, params.get("arguments"), request.headers)
+        return stateless_rules.param_header_refusal(schema, params.get("arguments"), request.headers)
 
     def _complete(self, method: str, result: JsonObj) -> JsonObj:
-        return modern_rules.complete_result(method, result, cache_scope=self._edge.cache_scope,
+        return stateless_rules.complete_result(method, result, cache_scope=self._edge.cache_scope,
                                             server_info=self._edge.server_info)
 
     def _shaped(self, method: str, reply: JsonObj) -> tuple[JsonObj, int]:
@@ -206,12 +206,12 @@ class ModernTransport:
                streams: bool, resume: Resume | None, *, holder: str, digest: str) -> mrtr.Flow:
         """Run the call (a new one, or the retry of a modern upstream's) as this round's flow."""
         level = meta.get(META_LOG_LEVEL)
-        declared = meta.get(modern_rules.META_CAPABILITIES)
+        declared = meta.get(stateless_rules.META_CAPABILITIES)
         flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
         flow.streaming = streams
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
-        params = modern_rules.without_protocol_meta(message.params)
+        params = stateless_rules.without_protocol_meta(message.params)
         if resume is not None:
             params = without_input_fields(params)
         call = jsonrpc.Request(message.id, message.method, params)
@@ -289,14 +289,14 @@ class ModernTransport:
 
 def _lacks(required: JsonObj) -> Refusal:
     names = ", ".join(repr(c) for c in sorted(required))
-    return modern_rules.modern_error(
-        400, modern_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
+    return stateless_rules.modern_error(
+        400, stateless_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
         f"This call needs the client capability {names}, which the request did not declare",
         {"requiredCapabilities": required})
 
 
 def _state_refused(why: str) -> Refusal:
-    return modern_rules.modern_error(400, jsonrpc.INVALID_PARAMS, "request_state_refused", f"Invalid params: {why}")
+    return stateless_rules.modern_error(400, jsonrpc.INVALID_PARAMS, "request_state_refused", f"Invalid params: {why}")
 
 
 async def _hung_up(request: web.Request) -> None:
