@@ -45,6 +45,8 @@ class Pool(Protocol):
     """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it."""
 
     def readiness(self) -> dict[str, bool]: ...
+    def failures(self) -> dict[str, dict[str, str]]:
+        """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
     def capabilities(self) -> JsonObj: ...
     def instructions(self) -> list[tuple[str, str]]:
         """(upstream, its instructions) for each upstream that gave some."""

@@ -49,6 +49,9 @@ class FakePool:
     def readiness(self) -> dict[str, bool]:
         return {"fake": True}
 
+    def failures(self) -> dict[str, dict[str, str]]:
+        return {}
+
     def capabilities(self) -> JsonObj:
         return {"tools": {"listChanged": True}}
 

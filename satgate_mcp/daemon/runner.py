@@ -83,6 +83,11 @@ class _GatewayRunner(web.AppRunner):
             await self.app.shutdown()
 
 
+def settled(readiness: dict[str, bool], failures: dict[str, dict[str, str]]) -> bool:
+    """Every upstream ready or known to be down: nothing left that a short wait could bring up before listening."""
+    return all(ready or name in failures for name, ready in readiness.items())
+
+
 async def _wait_ready(app: web.Application, stop: asyncio.Event, timeout: float, *,
                       clock: Callable[[], float], sleep: Sleep = asyncio.sleep) -> bool:
     """Until every upstream is initialized (what ``/readyz`` reports), bounded; False if not in time.
@@ -90,7 +95,7 @@ async def _wait_ready(app: web.Application, stop: asyncio.Event, timeout: float,
     Readiness has no event of its own, so it is looked at every ``READY_POLL_SECONDS`` of ``clock``.
     """
     pool, deadline = app[POOL], clock() + timeout
-    while not all(pool.readiness().values()):
+    while not settled(pool.readiness(), pool.failures()):
         if stop.is_set() or clock() >= deadline:
             return False
         await first_of(stop.wait(), sleep(READY_POLL_SECONDS))
@@ -129,7 +134,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     if not await _setup_unless_cut(runner, cut):
         log.warning("startup_abandoned")
         return ExitCode.FAILED
-    ready = await _wait_ready(runner.app, stop, READY_WAIT_SECONDS, clock=clock)
+    ready = await _wait_ready(runner.app, stop, READY_WAIT_SECONDS, clock=clock)  # settled: ready or known down
     if stop.is_set():
         log.info("stopped_during_startup")
         return ExitCode.OK
@@ -137,8 +142,13 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     sites = [web.SockSite(runner, lst.sock, backlog=BACKLOG) for lst in listeners]
     for site in sites:
         await site.start()
+    pool = runner.app[POOL]
+    if failures := pool.failures():
+        log.warning("upstreams_down", upstreams=failures,
+                    hint="serving the other upstreams; these restart with backoff and /readyz names them")
     if not ready:
-        log.warning("upstreams_not_ready", waited_seconds=READY_WAIT_SECONDS, readiness=runner.app[POOL].readiness())
+        log.warning("upstreams_not_ready", waited_seconds=READY_WAIT_SECONDS, readiness=pool.readiness())
+    ready = all(pool.readiness().values())
     for lst in listeners:
         log.info("listening", host=lst.host, port=lst.port, source=lst.source, name=lst.name,
                  reuse_port=settings.reuse_port if lst.source == "bind" else None, ready=ready)

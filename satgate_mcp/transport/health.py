@@ -46,9 +46,12 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     if refusal:
         return refusal_answer(refusal)
     pool = request.app[POOL]
-    upstreams = pool.readiness()
+    upstreams, down = pool.readiness(), pool.failures()
     ready = all(upstreams.values())
-    body: dict[str, object] = {"status": "ready" if ready else "starting", "upstreams": upstreams}
+    body: dict[str, object] = {"status": "ready" if ready else "upstream_down" if down else "starting",
+                               "upstreams": upstreams}
+    if down:  # which one, and why: its last exit status and stderr line (a half-working machine stays out: 503)
+        body["down"] = down
     probe = request.app.get(STORE_PROBE)
     if probe is not None:
         store_up = await probe()

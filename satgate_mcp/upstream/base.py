@@ -173,6 +173,16 @@ class Upstream(Protocol):
 
     async def wait_ready(self, timeout: float) -> bool: ...
 
+    async def wait_settled(self, timeout: float) -> bool:
+        """Until ready or known to be down (its last try failed), bounded; whether it is ready. Start-up waits for
+        this, so a child that already exited never holds up listening."""
+        ...
+
+    @property
+    def last_failure(self) -> dict[str, str] | None:
+        """While down after a failed try: why (``status``, and the child's last ``stderr`` line when it had one)."""
+        ...
+
     async def request(
         self,
         method: str,

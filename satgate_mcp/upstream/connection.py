@@ -116,6 +116,9 @@ class UpstreamConnection(Generic[SpecT]):
                             isolation=spec.isolation if shared_pipe else "shared")
         self._ids = itertools.count(1)
         self._ready = asyncio.Event()
+        #: Set while down after a failed try (cleared when ready): what start-up and /readyz stop waiting on.
+        self._down = asyncio.Event()
+        self._last_failure: dict[str, str] | None = None
         self._closing = asyncio.Event()
         self._init_result: JsonObj | None = None
         #: Whether the upstream speaks 2026-07-28 (found by ``server/discover``): no session, ``_meta`` on each request.
@@ -137,6 +140,29 @@ class UpstreamConnection(Generic[SpecT]):
 
     async def wait_ready(self, timeout: float) -> bool:
         return await event_within(self._ready, timeout)
+
+    async def wait_settled(self, timeout: float) -> bool:
+        waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(self._down.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self.ready
+
+    @property
+    def last_failure(self) -> dict[str, str] | None:
+        return None if self.ready else self._last_failure
+
+    def _mark_ready(self) -> None:
+        self._down.clear()
+        self._last_failure = None
+        self._ready.set()
+
+    def _mark_down(self, failure: dict[str, str]) -> None:
+        self._ready.clear()
+        self._last_failure = failure
+        self._down.set()
 
     async def request(
         self,

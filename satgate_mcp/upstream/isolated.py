@@ -170,6 +170,13 @@ class IsolatedUpstream:
     async def wait_ready(self, timeout: float) -> bool:
         return await self._catalogue.wait_ready(timeout)
 
+    async def wait_settled(self, timeout: float) -> bool:
+        return await self._catalogue.wait_settled(timeout)
+
+    @property
+    def last_failure(self) -> dict[str, str] | None:
+        return self._catalogue.last_failure
+
     async def request(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None,
                       timeout: float | None = None) -> JsonObj:
         """The lists from the catalogue child; everything else on the caller's own child."""

@@ -96,7 +96,8 @@ class UpstreamPool:
         """Start every upstream, wait (bounded) until they are ready, list them; a tool clash is fatal."""
         for name, upstream in self._upstreams.items():
             await upstream.start(partial(self._on_notification, name))
-        await asyncio.gather(*(u.wait_ready(self._start_timeout) for u in self._upstreams.values()))
+        # Ready, or down after a failed try: a child that exited at once never holds up the gateway's start.
+        await asyncio.gather(*(u.wait_settled(self._start_timeout) for u in self._upstreams.values()))
         await asyncio.gather(*(self._refresh(name, ALL_LISTS) for name in self._order))
         clashes = self._rebuild()
         if clashes:
@@ -125,6 +126,10 @@ class UpstreamPool:
     def readiness(self) -> dict[str, bool]:
         """An isolated upstream is ready when its catalogue child is (the command starts and initializes)."""
         return {name: u.ready for name, u in self._upstreams.items()}
+
+    def failures(self) -> dict[str, dict[str, str]]:
+        """The upstreams down after a failed try, each with its last exit status and stderr line."""
+        return {name: failure for name, u in self._upstreams.items() if (failure := u.last_failure) is not None}
 
     # -- isolated upstreams: a child per token or session ------------------------------------
 

@@ -66,6 +66,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         if instance is not None:
             self._log = self._log.bind(instance=instance)
         self._ready_grace = ready_grace
+        #: The running child's last stderr line: a child that dies at start usually says why there.
+        self._last_stderr: str | None = None
         self._stop_grace = stop_grace
         self._terminate_timeout = terminate_timeout
         self._pending: dict[int, asyncio.Future[JsonObj]] = {}
@@ -144,10 +146,13 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             )
         except OSError as exc:
             self._log.error("upstream_spawn_failed", command=self._spec.command[0], error=str(exc))
-            return f"could not start {self._spec.command[0]!r}: {exc.strerror or exc}"
+            reason = f"could not start {self._spec.command[0]!r}: {exc.strerror or exc}"
+            self._mark_down({"status": reason})
+            return reason
         self._proc = proc
         self._log.info("upstream_spawned", pid=proc.pid)
         reader = asyncio.create_task(self._read_stdout(proc))
+        self._last_stderr = None  # this child's own last line, not its predecessor's
         errors = asyncio.create_task(self._read_stderr(proc))
         exited = asyncio.create_task(proc.wait())
         init = asyncio.create_task(self._initialize())
@@ -165,6 +170,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
                     task.exception()  # retrieved: a failure here is reported by _watch
             self._proc = None
             self._log.info("upstream_exited", pid=proc.pid, status=describe_exit(proc.returncode))
+            if not self._closing.is_set():
+                self._mark_down(down_report(failure or describe_exit(proc.returncode), self._last_stderr))
         return failure or describe_exit(proc.returncode)
 
     async def _watch(
@@ -182,7 +189,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             self._log.error("upstream_initialize_failed", error=str(init.exception()))
             return f"initialize failed: {init.exception()}"
         if init.done():
-            self._ready.set()
+            self._mark_ready()
             self._log.info("upstream_ready", pid=proc.pid, server=(self._init_result or {}).get("serverInfo"))
             self._inbox.notify(RELIST_NOTIFICATION, None)
             await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
@@ -356,7 +363,13 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
                 return
             text = line.decode("utf-8", errors="replace").rstrip()
             if text:
-                self._log.info("upstream_stderr", line=clip(text))
+                self._last_stderr = clip(text)
+                self._log.info("upstream_stderr", line=self._last_stderr)
+
+
+def down_report(status: str, stderr: str | None) -> dict[str, str]:
+    """What /readyz and the start-up warning say of a child that is down: how it ended, and its last words."""
+    return {"status": status} if stderr is None else {"status": status, "stderr": stderr}
 
 
 async def _exited_within(proc: asyncio.subprocess.Process, timeout: float) -> bool:

@@ -64,6 +64,9 @@ class TogglePool:
     def readiness(self) -> dict[str, bool]:
         return {"up": self.ready}
 
+    def failures(self) -> dict[str, dict[str, str]]:
+        return {}
+
 
 def app_with(pool: TogglePool) -> web.Application:
     app = web.Application()

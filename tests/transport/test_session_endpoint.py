@@ -66,6 +66,9 @@ class NotReadyPool(FakePool):
     def readiness(self) -> dict[str, bool]:
         return {"fake": True, "slow": False}
 
+    def failures(self) -> dict[str, dict[str, str]]:
+        return {}
+
 
 class ErrorReplyPool(FakePool):
     """An upstream that answers every call with its own JSON-RPC error."""
