@@ -7,16 +7,22 @@ HTTP-level rules be checked quickly and deterministically.
 from __future__ import annotations
 
 import asyncio
+import sys
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import pytest
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.dispatch import UnmeteredPolicy
 from satgate_mcp.errors import UnknownTarget
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.exits import ExitCode
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.policy.refunds import upstream_certainly_did_not_run
+from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SHARED, Scope
 from satgate_mcp.upstream.base import Caller, ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
@@ -178,3 +184,14 @@ class AwaitablePublisher(RecordingPublisher):
                 self._published.clear()
                 await self._published.wait()
         return self.named(event)[0]
+
+
+def stub_daemon(monkeypatch: pytest.MonkeyPatch, serve: Callable[[Settings], ExitCode],
+                configure_logging: Callable[[Settings], object] = lambda s: None) -> None:
+    """``cli.main(["serve", ...])`` with no daemon: the runner module and the logging set-up are this test's."""
+    runner = types.ModuleType("satgate_mcp.daemon.runner")
+    runner.serve = serve  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
+    import satgate_mcp.logs
+
+    monkeypatch.setattr(satgate_mcp.logs, "configure_logging", configure_logging)

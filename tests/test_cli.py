@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from satgate_mcp import cli
 from satgate_mcp.auth.macaroons import verify_token
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import Settings
+from tests.fakes import stub_daemon
 
 KEY = "r" * 40
 
@@ -166,12 +166,7 @@ def test_serve_handover_comes_from_the_flag_or_the_environment(
         seen.append(settings)
         return ExitCode.OK
 
-    runner = types.ModuleType("satgate_mcp.daemon.runner")
-    runner.serve = serve  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
-    import satgate_mcp.logs
-
-    no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
+    stub_daemon(no_satgate_env, serve)
     assert cli.main(argv) == 0
     assert seen[0].handover is handover
 
@@ -188,12 +183,7 @@ def test_serve_loads_the_config_file_then_logging_then_the_runner(
         calls.append(("serve", settings))
         return ExitCode.OK
 
-    runner = types.ModuleType("satgate_mcp.daemon.runner")
-    runner.serve = serve  # type: ignore[attr-defined]
-    no_satgate_env.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
-    import satgate_mcp.logs
-
-    no_satgate_env.setattr(satgate_mcp.logs, "configure_logging", lambda s: calls.append(("logging", s)))
+    stub_daemon(no_satgate_env, serve, lambda s: calls.append(("logging", s)))
 
     assert cli.main(["serve", "--config", str(config)]) == 0
     assert [name for name, _ in calls] == ["logging", "serve"]

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from satgate_mcp import cli
 from satgate_mcp.auth.revocation import missing_revocation_folder, revocation_folder_problem
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import Settings
+from tests.fakes import stub_daemon
 
 EXISTING = {Path("/var/lib/satgate-mcp"), Path(".")}
 
@@ -78,12 +77,7 @@ def serve_with_a_stub_runner(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
         seen.append(settings)
         return ExitCode.OK
 
-    runner = types.ModuleType("satgate_mcp.daemon.runner")
-    runner.serve = serve  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
-    import satgate_mcp.logs
-
-    monkeypatch.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
+    stub_daemon(monkeypatch, serve)
     return seen
 
 

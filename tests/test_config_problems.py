@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from satgate_mcp.config_problems import (
 )
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import HttpUpstreamSpec, Settings, StdioUpstreamSpec
+from tests.fakes import stub_daemon
 
 STDIO = '{"transport": "stdio", "command": ["node", "server.js", "stdio"]}'
 HTTP = '{"transport": "http", "url": "http://127.0.0.1:3001/mcp"}'
@@ -52,12 +51,7 @@ def daemon(monkeypatch: pytest.MonkeyPatch) -> Daemon:
             monkeypatch.delenv(name)
     monkeypatch.setenv("SATGATE_STATE_DIR", "memory")
     stub = Daemon()
-    runner = types.ModuleType("satgate_mcp.daemon.runner")
-    runner.serve = stub.serve  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "satgate_mcp.daemon.runner", runner)
-    import satgate_mcp.logs
-
-    monkeypatch.setattr(satgate_mcp.logs, "configure_logging", lambda s: None)
+    stub_daemon(monkeypatch, stub.serve)
     return stub
 
 
