@@ -254,8 +254,9 @@ def test_misspelled_satgate_variables_are_named(names: list[str], expected: dict
 #: Misspelled on purpose in the tests (each one checks the suggestion or the refusal).
 TYPOS_IN_TESTS = frozenset({"SATGATE_PROT", "SATGATE_RATE_LIMT", "SATGATE_SOMETHING_ELSE", "SATGATE_ROOTKEY",
                             "SATGATE_AUTH_MOD", "SATGATE_FLAVOUR"})
-#: Where a SATGATE_* name may end up in the environment of a ``serve`` that the tests, the scripts or CI start.
-STARTED_FROM = ("tests", "scripts", "README.md", "config", "Dockerfile", "fly.toml", ".ci")
+#: Where a SATGATE_* name may end up in the environment of a ``serve`` that the tests, the scripts, the benchmarks
+#: or CI start, or that an operator copies from the docs.
+STARTED_FROM = ("tests", "scripts", "bench", "README.md", "docs", "config", "Dockerfile", "fly.toml", ".ci")
 
 
 def test_no_name_the_repository_sets_is_refused_as_unknown() -> None:
