@@ -19,7 +19,7 @@ import structlog
 
 from satgate_mcp import SERVER_NAME, __version__, events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.errors import GatewayError, ToolNotAllowed, UnknownTarget, UpstreamTimeout, UpstreamUnavailable
+from satgate_mcp.errors import GatewayError, ToolNotAllowed, UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
@@ -55,6 +55,9 @@ class Pool(Protocol):
     @property
     def tools_version(self) -> int: ...
     def owner_of_tool(self, name: str) -> str | None: ...
+    def unknown_tool(self, name: str) -> GatewayError:
+        """The error for a tool no upstream lists (it names a down upstream that may own it)."""
+        ...
     async def set_log_level(self, level: str) -> None: ...
     def subscription_scope(self, uri: str) -> Scope:
         """The upstream children the current caller's subscription to ``uri`` lives on (empty: shared ones)."""
@@ -433,7 +436,7 @@ class Dispatcher:
                                  {"error": "insufficient_scope", "tool": name, "scope": scope})
         upstream = self._pool.owner_of_tool(name)
         if upstream is None:
-            raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
+            raise self._pool.unknown_tool(name)
         admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
                                              request_id=call.request.id, params=params)
         _admitted(call)

@@ -17,7 +17,7 @@ import pytest
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.dispatch import UnmeteredPolicy
-from satgate_mcp.errors import UnknownTarget
+from satgate_mcp.errors import GatewayError, UnknownTarget
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.jsonrpc import JsonObj
@@ -26,6 +26,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SHARED, Scope
 from satgate_mcp.upstream.base import Caller, ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
+from satgate_mcp.upstream.pool import unlisted_tool
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -72,6 +73,9 @@ class FakePool:
 
     def owner_of_tool(self, name: str) -> str | None:
         return "fake" if name in self.tool_names else None
+
+    def unknown_tool(self, name: str) -> GatewayError:
+        return unlisted_tool(name, self.failures(), {})
 
     async def set_log_level(self, level: str) -> None:
         self.log_levels.append(level)

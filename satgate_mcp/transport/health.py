@@ -41,7 +41,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Ready only when every upstream is initialized and (closed fail mode) the store (Redis, or the state
-    database) answers: a proxy should not send calls that would fail."""
+    database) answers: a proxy should not send calls that would fail.
+
+    503 while any configured upstream is down, even though the others are served (``/mcp`` keeps answering): a
+    balancer should prefer a machine where every tool works. ``status`` says which wait this is: ``starting``
+    (none has failed yet) or ``upstream_down``, and ``down`` names each failed upstream with its last exit status
+    and stderr line (what an operator needs to fix it).
+    """
     refusal = host_origin_refusal(request, request.app[SETTINGS])
     if refusal:
         return refusal_answer(refusal)

@@ -202,6 +202,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             except UpstreamUnavailable as exc:
                 delay, attempt = restart_plan(attempt, 0.0, self._policy)
                 self._log.warning("upstream_connect_failed", error=exc.message, retry_in=delay)
+                self._mark_down({"status": exc.message})  # known down: start-up stops waiting, /readyz says why
             await self._pause(delay)
 
     async def _ensure_ready(self) -> None:
@@ -270,7 +271,7 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
 
     def _became_ready(self, reason: str, session_id: str | None) -> None:
         result = self._init_result or {}
-        self._ready.set()
+        self._mark_ready()
         if self.handshakes:
             self._count_restart(reason=reason)
         self.handshakes += 1

@@ -80,7 +80,8 @@ class UpstreamPool:
         self._sweeper: asyncio.Task[None] | None = None
         self._order = list(specs)
         self._start_timeout = start_timeout
-        self._catalog = Catalog(self._order, {n: s.tool_prefix for n, s in specs.items()})
+        self._prefixes = {n: s.tool_prefix for n, s in specs.items()}
+        self._catalog = Catalog(self._order, self._prefixes)
         self._locks = {name: asyncio.Lock() for name in specs}
         self._stale: dict[str, set[Kind]] = {name: set() for name in specs}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -226,6 +227,10 @@ class UpstreamPool:
         owner = self._catalog.tool_owner(name)
         return owner[0] if owner else None
 
+    def unknown_tool(self, name: str) -> GatewayError:
+        """The error for a call to a tool no upstream lists: ``unlisted_tool`` given who is down now."""
+        return unlisted_tool(name, self.failures(), self._prefixes)
+
     # -- requests ----------------------------------------------------------------------------
     # Each answers with the upstream's reply message (``result`` or ``error``, id ``None``) and raises
     # ``UnknownTarget`` when no upstream offers the target, or the upstream's ``UpstreamUnavailable``
@@ -236,7 +241,7 @@ class UpstreamPool:
         name = params.get("name")
         owner = self._catalog.tool_owner(name) if isinstance(name, str) else None
         if owner is None:
-            raise UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": str(name)[:200]})
+            raise self.unknown_tool(str(name)[:200])
         upstream, original = owner
         forwarded = {**params, "name": original}
         return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
@@ -463,6 +468,31 @@ def merged_capabilities(results: list[JsonObj | None]) -> JsonObj:
                 mine = caps.setdefault(key, {})
                 mine.update({flag: True for flag in flags if theirs.get(flag) is True})
     return caps
+
+
+def unlisted_tool(name: str, down: Mapping[str, Mapping[str, str]], prefixes: Mapping[str, str]) -> GatewayError:
+    """Why no upstream lists ``name``, as its caller should hear it.
+
+    An upstream that is down lists nothing, so its tools look unknown. When ``name`` carries the ``tool_prefix`` of
+    a down upstream (the longest such prefix) the call is for it: -32010 ``upstream_unavailable`` naming it and its
+    exit status. Otherwise the tool may be one of a down unprefixed upstream's: still -32602 ``unknown_tool``, but
+    naming who is down. The child's stderr line stays out: it is for the operator (logs, ``/readyz``), not agents.
+    """
+    owners = sorted((n for n, prefix in prefixes.items() if prefix and name.startswith(prefix)),
+                    key=lambda n: len(prefixes[n]), reverse=True)
+    if owners and owners[0] in down:  # the longest prefix names the owner, whether it is up or down
+        owner = owners[0]
+        status = down[owner].get("status", "down")
+        return UpstreamUnavailable(
+            f"Tool {name!r} belongs to upstream {owner!r}, which is down ({status}); it is restarted with backoff "
+            "and its tools are served again once it is up", {"upstream": owner, "tool": name, "status": status},
+            sent=False)
+    unprefixed = sorted(n for n in down if not prefixes.get(n))
+    if not unprefixed:
+        return UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
+    which = ("upstream " if len(unprefixed) == 1 else "upstreams ") + ", ".join(repr(n) for n in unprefixed)
+    return UnknownTarget(f"Unknown tool: {name} (perhaps one of {which}, down: a down upstream lists no tools until "
+                         "it is back up)", {"error": "unknown_tool", "tool": name, "down": unprefixed})
 
 
 def _anonymous(reply: JsonObj) -> JsonObj:

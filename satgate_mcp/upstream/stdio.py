@@ -277,7 +277,10 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         if self._closing.is_set():
             raise self._unavailable(f"upstream {self.name!r} is shut down", sent=False)
         if not await self.wait_ready(min(self._ready_grace, budget)):
-            raise self._unavailable(f"upstream {self.name!r} is not running (starting or restarting)", sent=False)
+            failure = self.last_failure  # its last child's end says more than "restarting"
+            last = f"; last try: {failure['status']}" if failure is not None else ""
+            raise self._unavailable(f"upstream {self.name!r} is not running (starting or restarting{last})",
+                                    sent=False)
 
     async def _roundtrip(
         self, method: str, params: JsonObj | None, timeout: float, on_progress: ProgressCallback | None

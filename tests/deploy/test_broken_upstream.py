@@ -1,8 +1,9 @@
 """One stdio upstream whose command exits at once must not keep the gateway from listening (issue 23).
 
 The rules: the gateway listens without waiting out start-up timeouts for a child that already exited; it serves
-the upstreams that work; ``/readyz`` answers 503 naming the broken one with its exit status and last stderr line;
-one warning line says so at start.
+the upstreams that work, and a call to one of the broken one's tools says it is down; ``/readyz`` answers 503
+naming the broken one with its exit status and last stderr line; one warning line says so at start. The process
+test waits on the gateway's log lines (``listening``), never on sleeps.
 """
 
 from __future__ import annotations
@@ -10,19 +11,24 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
 
 import httpx2
 import pytest
+from mcp.shared.exceptions import MCPError
 
-from satgate_mcp.daemon.runner import settled
+from satgate_mcp import jsonrpc
+from satgate_mcp.daemon.runner import READY_WAIT_SECONDS, settled
+from satgate_mcp.errors import GatewayError, UnknownTarget, UpstreamUnavailable
+from satgate_mcp.upstream.pool import unlisted_tool
 from tests.conftest import upstream_command
-from tests.gateway_process import GatewayProcess, call_text, sdk_session
+from tests.deploy.harness import Gateways, free_port, gateway_env, mcp_session, token
+from tests.gateway_process import call_text
 
-ROOT_KEY = "broken-upstream-root-key-0123456789abcdef"
 BROKEN = [sys.executable, "-c", "import sys; sys.stderr.write('boom: no config\\n'); sys.exit(3)"]
 CALL_TIMEOUT = 15.0
+#: Listening must come well before the old wait for a broken upstream (READY_WAIT_SECONDS and more) ran out.
+LISTEN_WITHIN = 15.0
 
 
 @pytest.mark.parametrize(("readiness", "failures", "expected"), [
@@ -38,47 +44,76 @@ def test_start_up_waits_only_for_upstreams_that_may_still_come_up(
     assert settled(readiness, failures) is expected
 
 
+DOWN = {"status": "exited with status 3", "stderr": "boom: no config"}
+
+
+@pytest.mark.parametrize(("name", "down", "prefixes", "expected"), [
+    pytest.param("nope", {}, {}, (UnknownTarget, "Unknown tool: nope", {"error": "unknown_tool", "tool": "nope"}),
+                 id="nothing-down"),
+    pytest.param("b_echo", {"broken": DOWN}, {"broken": "b_"},
+                 (UpstreamUnavailable,
+                  "Tool 'b_echo' belongs to upstream 'broken', which is down (exited with status 3)",
+                  {"error": "upstream_unavailable", "upstream": "broken", "tool": "b_echo",
+                   "status": "exited with status 3"}), id="prefix-of-a-down-upstream"),
+    pytest.param("db_query", {"d": DOWN, "db": DOWN}, {"d": "d", "db": "db_"},
+                 (UpstreamUnavailable, "Tool 'db_query' belongs to upstream 'db'", None), id="longest-prefix-wins"),
+    pytest.param("db_query", {"d": DOWN}, {"d": "d", "db": "db_"},
+                 (UnknownTarget, "Unknown tool: db_query", {"error": "unknown_tool", "tool": "db_query"}),
+                 id="a-longer-prefix-of-an-upstream-that-is-up"),
+    pytest.param("echo", {"broken": DOWN}, {"broken": "b_"},
+                 (UnknownTarget, "Unknown tool: echo", {"error": "unknown_tool", "tool": "echo"}),
+                 id="another-prefix-is-not-its-own"),
+    pytest.param("search", {"broken": DOWN}, {"broken": ""},
+                 (UnknownTarget, "Unknown tool: search (perhaps one of upstream 'broken', down",
+                  {"error": "unknown_tool", "tool": "search", "down": ["broken"]}), id="unprefixed-down-upstream"),
+    pytest.param("search", {"a": DOWN, "b": DOWN}, {},
+                 (UnknownTarget, "perhaps one of upstreams 'a', 'b', down", None), id="several-unprefixed-down"),
+])
+def test_a_tool_nobody_lists_names_the_down_upstream_that_may_own_it(
+        name: str, down: Mapping[str, Mapping[str, str]], prefixes: Mapping[str, str],
+        expected: tuple[type[GatewayError], str, dict[str, object] | None]) -> None:
+    kind, message, data = expected
+    error = unlisted_tool(name, down, prefixes)
+    assert type(error) is kind
+    assert error.message.startswith(message) or message in error.message
+    assert "boom" not in error.message  # the stderr line is the operator's (logs, /readyz), not the agent's
+    if data is not None:
+        assert error.data == data
+
+
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
-    upstreams = {"t": {"transport": "stdio", "command": upstream_command()},
-                 "broken": {"transport": "stdio", "command": BROKEN}}
-    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps(upstreams)})
-    yield gw
-    gw.terminate()
-
-
-async def answering_readyz(gw: GatewayProcess) -> httpx2.Response:
-    """/readyz's first answer, bounded well below the old 40 s of waiting (a separate process: polled)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20.0
-    async with httpx2.AsyncClient(trust_env=False, timeout=2.0) as http:
-        while True:
-            try:
-                return await http.get(f"{gw.url}/readyz")
-            except httpx2.TransportError:
-                assert loop.time() < deadline, f"not listening within 20 s:\n{gw.log_tail()}"
-                await asyncio.sleep(0.05)
+async def gateways() -> AsyncIterator[Gateways]:
+    started = Gateways()
+    try:
+        yield started
+    finally:
+        await started.close()
 
 
 @pytest.mark.process
-async def test_a_child_that_exits_at_once_is_named_in_readyz_and_the_others_are_served(
-        gateway: GatewayProcess) -> None:
-    gateway.start()
-    ready = await answering_readyz(gateway)
+async def test_a_child_that_exits_at_once_is_named_in_readyz_and_the_others_are_served(gateways: Gateways) -> None:
+    port = free_port()
+    upstreams = {"t": {"transport": "stdio", "command": upstream_command()},
+                 "broken": {"transport": "stdio", "command": BROKEN, "tool_prefix": "b_"}}
+    gateway = await gateways.start(gateway_env(port, SATGATE_UPSTREAMS=json.dumps(upstreams)), name="gateway")
 
+    assert LISTEN_WITHIN < READY_WAIT_SECONDS
+    listening = await gateway.wait_event("listening", timeout=LISTEN_WITHIN)
+    assert listening["ready"] is False
+    [warning] = gateway.find("upstreams_down")  # logged once, before listening
+    assert warning["level"] == "warning"
+    assert warning["upstreams"] == {"broken": DOWN}
+
+    async with httpx2.AsyncClient(trust_env=False, timeout=CALL_TIMEOUT) as http:
+        ready = await http.get(f"http://127.0.0.1:{port}/readyz")
     assert ready.status_code == 503
-    body = ready.json()
-    assert body["status"] == "upstream_down"
-    assert body["upstreams"] == {"t": True, "broken": False}
-    assert body["down"]["broken"]["status"] == "exited with status 3"
-    assert body["down"]["broken"]["stderr"] == "boom: no config"
+    assert ready.json() == {"status": "upstream_down", "upstreams": {"t": True, "broken": False},
+                            "down": {"broken": DOWN}}
 
-    token = (await gateway.cli("token", "mint", "--id", "agent-1")).strip()
-    async with sdk_session(gateway.url, token, timeout=CALL_TIMEOUT) as session:
+    async with mcp_session(f"http://127.0.0.1:{port}/mcp", token()) as session:
         assert await call_text(session, "echo", {"text": "still served"}, timeout=CALL_TIMEOUT) == "still served"
-
-    lines = [json.loads(line) for line in gateway.log_file.read_text().splitlines() if line.startswith("{")]
-    warnings = [line for line in lines if line.get("event") == "upstreams_down"]
-    assert len(warnings) == 1
-    assert warnings[0]["upstreams"]["broken"]["stderr"] == "boom: no config"
-    assert [line["ready"] for line in lines if line.get("event") == "listening"] == [False]
+        with pytest.raises(MCPError) as refused:
+            await asyncio.wait_for(session.call_tool("b_echo", {"text": "x"}), CALL_TIMEOUT)
+    assert refused.value.code == jsonrpc.UPSTREAM_UNAVAILABLE
+    assert "upstream 'broken', which is down (exited with status 3)" in refused.value.message
+    assert len(gateway.find("upstreams_down")) == 1

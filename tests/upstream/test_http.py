@@ -214,6 +214,21 @@ async def test_an_unreachable_server_is_unavailable_not_a_crash(start_upstream: 
         assert not upstream.ready
 
 
+async def test_an_unreachable_server_is_known_down_so_start_up_stops_waiting_for_it(
+        start_upstream: StartUpstream) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but never listening: connections are refused
+        upstream = await start_upstream(f"http://127.0.0.1:{port}/mcp", wait=False)
+
+        # Settles on the first refused connection (the bound only guards the test), not after a start-up timeout.
+        async with asyncio.timeout(10):
+            assert await upstream.wait_settled(60.0) is False
+        failure = upstream.last_failure
+        assert failure is not None
+        assert failure["status"].startswith(f"cannot reach upstream {upstream.name!r}")
+
+
 async def test_close_deletes_the_upstream_session(
     http_upstream: HttpUpstreamProcess, start_upstream: StartUpstream
 ) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,6 +224,53 @@ async def test_a_crashed_upstream_is_relisted_after_its_restart(start_pool: Star
     assert pool.tools_version == version  # the same tools came back: nobody is told to re-list
     assert "echo" in names(pool)
     assert text_of(await call_tool(pool, "whoami")) == "one"
+
+
+#: A child that exits at once (status 3, one stderr line) until its gate file exists, then is the test upstream.
+GATED = ("import os, sys\n"
+         "if not os.path.exists(sys.argv[1]):\n"
+         "    sys.stderr.write('no gate yet\\n')\n"
+         "    sys.exit(3)\n"
+         "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n")
+
+
+class ListChanges:
+    """The pool's listener: an event set once the merged tool list changed."""
+
+    def __init__(self) -> None:
+        self.tools_changed = asyncio.Event()
+
+    def __call__(self, method: str, params: JsonObj | None, origin: tuple[str, str] | None = None) -> None:
+        if method == "notifications/tools/list_changed":
+            self.tools_changed.set()
+
+
+async def test_an_upstream_down_at_start_is_named_then_served_once_its_restart_comes_up(
+    start_pool: StartPool, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    server = upstream_command("--name", "gated")[1:]
+    gated = StdioUpstreamSpec(transport="stdio", tool_prefix="g_", timeout=10.0,
+                              command=[sys.executable, "-c", GATED, str(gate), *server])
+    pool = await start_pool({"one": stdio("--name", "one"), "gated": gated})
+    changes = ListChanges()
+    pool.listen(changes)
+
+    assert pool.readiness() == {"one": True, "gated": False}
+    assert pool.failures() == {"gated": {"status": "exited with status 3", "stderr": "no gate yet"}}
+    assert text_of(await call_tool(pool, "whoami")) == "one"
+    assert not [n for n in names(pool) if n.startswith("g_")]
+    with pytest.raises(UpstreamUnavailable, match=r"upstream 'gated', which is down \(exited with status 3\)"):
+        await call_tool(pool, "g_whoami")
+
+    gate.touch()  # the next restart (the existing backoff) comes up
+    await pool.wait_applied("gated", UPSTREAM_READY, 1)
+    await asyncio.wait_for(changes.tools_changed.wait(), 15)
+
+    assert pool.readiness() == {"one": True, "gated": True}
+    assert pool.failures() == {}
+    assert "g_echo" in names(pool)
+    assert text_of(await call_tool(pool, "g_whoami")) == "gated"
 
 
 async def test_stdio_and_http_upstreams_side_by_side(
