@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import httpx2
 import pytest
@@ -79,15 +79,6 @@ def test_a_tool_nobody_lists_names_the_down_upstream_that_may_own_it(
     assert "boom" not in error.message  # the stderr line is the operator's (logs, /readyz), not the agent's
     if data is not None:
         assert error.data == data
-
-
-@pytest.fixture
-async def gateways() -> AsyncIterator[Gateways]:
-    started = Gateways()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 @pytest.mark.process

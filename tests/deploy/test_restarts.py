@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -47,15 +46,6 @@ pytestmark = pytest.mark.process
 CALLS_PER_PHASE = 40
 #: SDK client sessions calling concurrently, each in its own tight loop.
 SESSIONS = 3
-
-
-@pytest.fixture
-async def gateways() -> AsyncIterator[Gateways]:
-    started = Gateways()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 async def assert_clean_exit(gateway: Gateway) -> None:
