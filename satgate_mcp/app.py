@@ -1,7 +1,9 @@
 """The one place that assembles the gateway: ``create_app`` wires settings to parts.
 
 Tests and embedding applications pass their own parts (authenticator, pool, policy, publisher, clock);
-everything else is built from settings. Long-lived resources start and stop in ``cleanup_ctx``.
+everything else is built from settings. Every long-lived resource has one cleanup context that starts
+and stops it, appended in dependency order (the stores first, so they close last); the app closes only
+what it built, parts handed in belong to the caller.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from aiohttp import web
 
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.revocation import revocation_files, start_revocations
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.keys import (
@@ -26,14 +27,14 @@ from satgate_mcp.keys import (
     RESUMES_SESSIONS,
     SETTINGS,
     STORE_PROBE,
+    STORES,
     TOMBSTONES,
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
-from satgate_mcp.shared_tombstones import RedisTombstones
-from satgate_mcp.state import open_state
+from satgate_mcp.stores import open_stores
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.edge import Edge
 from satgate_mcp.transport.listen import Listeners, fan_out
@@ -45,6 +46,8 @@ from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 from satgate_mcp.upstream.pool import UpstreamPool
+
+CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
 
 
 def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublisher | None]:
@@ -65,87 +68,70 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     metrics = metrics or Metrics()
-    # The app closes only what it built; parts handed in belong to the caller.
-    owned: list[Callable[[], Awaitable[None]]] = []
-    state = open_state(settings)  # SQLite in SATGATE_STATE_DIR; None for memory or Redis
-    if publisher is None:
-        publisher, file_sink = _default_publisher(settings)
-        if file_sink is not None:
-            owned.append(file_sink.aclose)
-    if authenticator is None:
-        authenticator = authenticator_from_settings(settings, state=state)
-        aclose = getattr(authenticator, "aclose", None)
-        if aclose is not None:
-            owned.append(aclose)
-    metrics.watch_revocation_files(revocation_files(getattr(authenticator, "revocations", None)))
-    if pool is None:
-        pool = UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
-                            idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval, clock=clock)
-    if policy is None:
-        built_policy = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, state=state)
-        owned.append(built_policy.close)
-        policy = built_policy
-
-    registry = SessionRegistry(cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
-                               per_token=per_token_quota(authenticator.mode, settings.sessions_per_token),
-                               publisher=publisher, clock=clock,
-                               tombstones=None if state is None else state.tombstones)
-    if state is not None:
-        owned.append(state.aclose)  # last: after the authenticator and the policy that use it
-    metrics.active_sessions.set_function(lambda: len(registry))
-    metrics.tombstones.set_function(lambda: registry.tombstone_count)
-    dispatcher = Dispatcher(pool, publisher=publisher, metrics=metrics, policy=policy)
-    tombstones: RedisTombstones | None = None
-    if settings.redis_url:
-        tombstones = RedisTombstones(settings.redis_url, timeout=settings.redis_timeout,
-                                     on_error=lambda op: metrics.store_errors.labels(op=op).inc())
-        owned.append(tombstones.aclose)
-    edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
-                publisher=publisher, metrics=metrics, tombstones=tombstones)
-    if tombstones is not None:
-        tombstones.on_remote_delete = edge.end_remote
-
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
     app = web.Application(middlewares=[request_logger(metrics, log_health=settings.access_log_health)],
                           client_max_size=settings.max_body_bytes + 1)
-    app[SETTINGS] = settings
-    app[REGISTRY] = registry
-    app[POOL] = pool
-    app[METRICS] = metrics
+    app[SETTINGS], app[METRICS] = settings, metrics
+    stores = app[STORES] = open_stores(settings, on_error=lambda op: metrics.store_errors.labels(op=op).inc())
+    app.cleanup_ctx.append(_stores)
+    if stores.probe is not None:
+        app[STORE_PROBE] = stores.probe  # Redis, or the state database: locked, unwritable or corrupt is "down"
+    if publisher is None:
+        publisher, sink = _default_publisher(settings)
+        if sink is not None:
+            app.cleanup_ctx.append(_closing(sink.aclose))
+    if authenticator is None:
+        authenticator = authenticator_from_settings(settings, stores=stores)
+        app.cleanup_ctx.append(_closing(authenticator.aclose))
+    metrics.watch_revocation_files(stores.revocation_files)
+    if policy is None:
+        built = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, stores=stores)
+        app.cleanup_ctx.append(_closing(built.close))
+        policy = built
+    app[POOL] = pool or UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
+                                     idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval,
+                                     clock=clock)
+    app.cleanup_ctx.append(_upstreams)
+    registry = app[REGISTRY] = SessionRegistry(
+        cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
+        per_token=per_token_quota(authenticator.mode, settings.sessions_per_token), publisher=publisher,
+        clock=clock, tombstones=stores.tombstones)
+    metrics.active_sessions.set_function(lambda: len(registry))
+    metrics.tombstones.set_function(lambda: registry.tombstone_count)
+    dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy)
+    app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
+    app.cleanup_ctx.append(_sweeper)
+    edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
+                publisher=publisher, metrics=metrics, tombstones=stores.shared_tombstones)
+    if stores.shared_tombstones is not None:
+        stores.shared_tombstones.on_remote_delete = edge.end_remote
+        app[TOMBSTONES] = stores.shared_tombstones
     app[INFLIGHT] = edge.limiter
     app[RESUMES_SESSIONS] = edge.resumes_sessions
-    if settings.redis_url:
-        from satgate_mcp.policy.redis_stores import RedisProbe
+    _add_transports(app, edge, dispatcher)
+    return app
 
-        probe = RedisProbe(settings.redis_url, settings.redis_timeout)
-        app[STORE_PROBE] = probe
-        owned.append(probe.aclose)
-    elif state is not None:
-        app[STORE_PROBE] = state.probe  # the state database: locked, unwritable or corrupt is "down"
 
+def _add_transports(app: web.Application, edge: Edge, dispatcher: Dispatcher) -> None:
+    """Every endpoint: /mcp (both eras), the legacy /sse, health and OAuth metadata."""
+    settings, pool, registry = app[SETTINGS], app[POOL], app[REGISTRY]
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
     listeners = Listeners()
-    listen = getattr(pool, "listen", None)
-    if listen is not None:
-        listen(fan_out(hub.notice, listeners.notice))
-
-    pool_session_ended = getattr(pool, "session_ended", None)  # an isolated upstream reaps the session's child
+    pool.listen(fan_out(hub.notice, listeners.notice))
 
     def session_ended(session: Session, reason: CloseReason) -> None:
         hub.end(session.id)
         subscriptions.end_session(session.id)
-        if pool_session_ended is not None:
-            pool_session_ended(session.id)
+        pool.session_ended(session.id)  # an isolated upstream reaps the session's child
 
     registry.on_close.append(session_ended)
-    owned.append(subscriptions.aclose)
-
     modern = StatelessEndpoint(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
-    owned.insert(0, modern.aclose)  # first: the calls of the flows it gives up settle in the state store
+    # Last appended, first closed: the calls of the flows it gives up settle while the stores are open.
+    app.cleanup_ctx.append(_closing(modern.aclose))
     replay = ReplayBook()
     SessionEndpoint(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
-                            poll_seconds=settings.sse_poll_seconds).add_routes(app)
+                    poll_seconds=settings.sse_poll_seconds).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()
@@ -157,37 +143,24 @@ def create_app(
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())
 
-    revocations = getattr(authenticator, "revocations", None)
-    if revocations is not None:
 
-        async def load_revocations(app: web.Application) -> None:
-            start_revocations(revocations)  # the Redis mirror loads now, not on the first request
-
-        app.on_startup.append(load_revocations)
-    if tombstones is not None:
-        shared = app[TOMBSTONES] = tombstones
-
-        async def follow_remote_deletes(app: web.Application) -> None:
-            shared.start()
-
-        app.on_startup.append(follow_remote_deletes)
-    app.cleanup_ctx.append(_upstreams)
-    app.cleanup_ctx.append(_sweeper)
-    app.cleanup_ctx.append(_closers(owned))
-    return app
+async def _stores(app: web.Application) -> AsyncIterator[None]:
+    """Opened first and closed last: every other part may use a store until it is closed itself."""
+    stores = app[STORES]
+    stores.start()  # the Redis mirrors load now, not on the first request
+    try:
+        yield
+    finally:
+        await stores.aclose()
 
 
 async def _upstreams(app: web.Application) -> AsyncIterator[None]:
     pool = app[POOL]
-    start = getattr(pool, "start", None)
-    if start is not None:
-        await start()
+    await pool.start()
     try:
         yield
     finally:
-        close = getattr(pool, "close", None)
-        if close is not None:
-            await close()
+        await pool.close()
 
 
 async def _sweeper(app: web.Application) -> AsyncIterator[None]:
@@ -206,10 +179,11 @@ async def _sweeper(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def _closers(owned: list[Callable[[], Awaitable[None]]]) -> Callable[[web.Application], AsyncIterator[None]]:
+def _closing(close: Callable[[], Awaitable[None]]) -> CleanupCtx:
+    """The cleanup context of a part made ready by its constructor: nothing to start, one thing to close."""
+
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         yield
-        for close in owned:
-            await close()
+        await close()
 
     return ctx

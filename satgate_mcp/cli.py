@@ -38,7 +38,7 @@ from satgate_mcp.settings import (
     format_errors,
     unknown_variables,
 )
-from satgate_mcp.state import cli_revocations, no_cli_revocations_reason
+from satgate_mcp.stores import cli_revocations, no_cli_revocations_reason
 from satgate_mcp.upstream.wire import child_env, command_problem
 
 PROG = "satgate-mcp"

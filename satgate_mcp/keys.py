@@ -5,8 +5,6 @@ Only state something reads back is stored: the parts themselves are wired by ``c
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from aiohttp import web
 
 from satgate_mcp.dispatch import Pool
@@ -14,7 +12,8 @@ from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
-from satgate_mcp.shared_tombstones import RedisTombstones
+from satgate_mcp.stores import StoreProbe, Stores
+from satgate_mcp.stores.redis.tombstones import RedisTombstones
 
 SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", SessionRegistry)
@@ -24,13 +23,8 @@ METRICS = web.AppKey("metrics", Metrics)
 INFLIGHT = web.AppKey("inflight", InflightLimiter)
 #: True when this process serves unknown-but-valid session ids again (header and OAuth modes).
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
-
-
-
-class StoreProbe(Protocol):
-    """Whether the shared store answers now (bounded by SATGATE_REDIS_TIMEOUT): what ``/readyz`` reports."""
-
-    async def __call__(self) -> bool: ...
+#: Every store of this process (``open_stores``); the app opened them and closes them last.
+STORES = web.AppKey("stores", Stores)
 
 
 #: Present when a store is configured: Redis, or the state database (SATGATE_STATE_DIR).

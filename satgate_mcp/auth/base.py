@@ -156,6 +156,12 @@ class Authenticator(Protocol):
     async def authenticate(self, authorization: str | None) -> AuthResult: ...
 
 
+class OwnedAuthenticator(Authenticator, Protocol):
+    """An authenticator its builder closes (the app's): closing lets go of what it checks with."""
+
+    async def aclose(self) -> None: ...
+
+
 def bearer_from_header(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, or None."""
     if not authorization:
@@ -188,6 +194,9 @@ class NoAuthenticator:
             return AuthResult(AuthOutcome.INVALID, reason="malformed bearer token")
         return AuthResult(AuthOutcome.OK, ANONYMOUS_IDENTITY, bearer)
 
+    async def aclose(self) -> None:
+        return None  # holds nothing
+
 
 class StaticTokenAuthenticator:
     """``SATGATE_AUTH_MODE=config``: one shared bearer token, compared in constant time."""
@@ -209,5 +218,8 @@ class StaticTokenAuthenticator:
         if not hmac.compare_digest(bearer.encode("ascii"), self._token):
             return AuthResult(AuthOutcome.INVALID, reason="token does not match")
         return AuthResult(AuthOutcome.OK, self._identity, bearer)
+
+    async def aclose(self) -> None:
+        return None  # holds nothing
 
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from satgate_mcp.auth.base import Authenticator, NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.auth.base import NoAuthenticator, OwnedAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.oauth import JwtAuthenticator, OAuthPolicy
-from satgate_mcp.auth.revocation import RevocationStore, revocation_store_from_settings
+from satgate_mcp.auth.revocation import RevocationStore
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import Settings
-
-if TYPE_CHECKING:
-    from satgate_mcp.state import LocalState
+from satgate_mcp.stores import Stores, configured_revocations
 
 
 def authenticator_from_settings(
@@ -22,10 +19,10 @@ def authenticator_from_settings(
     *,
     clock: Callable[[], float] = time.time,
     revocations: RevocationStore | None = None,
-    state: LocalState | None = None,
-) -> Authenticator:
-    """``revocations`` overrides the store the settings name (tests, or a store the app already owns);
-    ``state`` adds the state folder's revocations (what ``token revoke`` writes with nothing configured)."""
+    stores: Stores | None = None,
+) -> OwnedAuthenticator:
+    """The revocations checked are ``revocations`` if given (tests), else those of ``stores`` (the app's),
+    else the file or Redis the settings name (in memory when neither)."""
     if settings.auth_mode == "none":
         return NoAuthenticator()
     if settings.auth_mode == "config":
@@ -33,7 +30,9 @@ def authenticator_from_settings(
             raise ConfigError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
         return StaticTokenAuthenticator(settings.static_token.get_secret_value())
     fail_open = settings.store_fail_mode == "open"
-    store = revocations if revocations is not None else _revocations(settings, state)
+    if revocations is None:
+        revocations = stores.revocations if stores is not None else configured_revocations(settings)
+    store = revocations
     if settings.auth_mode == "header":
         if settings.root_key is None:  # Settings refuses a missing or short key; model_construct skips that
             raise ConfigError("SATGATE_ROOT_KEY is required when SATGATE_AUTH_MODE=header")
@@ -49,11 +48,3 @@ def authenticator_from_settings(
                              tool_scopes=dict(settings.oauth_tool_scopes) or None)
         return JwtAuthenticator(policy, store, fail_open=fail_open, clock=clock)
     raise ConfigError(f"unknown SATGATE_AUTH_MODE {settings.auth_mode!r}")  # pragma: no cover
-
-
-def _revocations(settings: Settings, state: LocalState | None) -> RevocationStore:
-    try:
-        revocations = revocation_store_from_settings(settings)
-    except ValueError as exc:  # a directory for a file, a malformed SATGATE_REDIS_URL
-        raise ConfigError(str(exc)) from None
-    return state.revocations_with(revocations) if state is not None else revocations

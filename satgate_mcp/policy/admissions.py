@@ -9,12 +9,15 @@ exists outside it. The steps and their order are the same; only where they run d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from satgate_mcp.auth.base import Identity
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import Arrival, Table
-from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, closing
+from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing
+from satgate_mcp.policy.shared_calls import SharedCall
+from satgate_mcp.policy.store_time import StoreTime
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +50,36 @@ class Admissions(Protocol):
         """Atomically: the ``ARRIVAL`` transition of ``key``'s record, then the charge it calls for (or, for
         the free re-send, what remains), and the record taken back when the charge is refused."""
         ...
+
+
+#: Roles that took their stake from the budget at admission.
+_CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
+
+
+@dataclass(slots=True, eq=False)
+class Admission:
+    """What ``admit`` let through; hand it to ``run`` (or ``settle``) exactly once."""
+
+    identity: Identity
+    tool: str | None
+    role: Role
+    #: What a refund gives back: the cost, when the budget is limited (0 otherwise). A re-send's
+    #: is the first copy's charge, which it handed over to pay for this one.
+    stake: float = 0.0
+    #: Credits left as this admission last saw them (None: unlimited), for the spend events.
+    remaining: float | None = None
+    duplicate_key: str | None = None
+    #: The execution identical copies share; None when the guard is off.
+    shared: SharedCall | None = None
+    #: What is left of the call's store time; settlement spends from the same allowance as admission.
+    store_time: StoreTime = field(default_factory=lambda: StoreTime(None))
+
+    @property
+    def duplicate(self) -> bool:
+        """Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled."""
+        return self.role in (Role.JOINED, Role.REPLAY)
+
+    @property
+    def charged(self) -> float:
+        """Credits this open admission took from a limited budget (0 for copies and free passes)."""
+        return self.stake if self.role in _CHARGED else 0.0

@@ -8,9 +8,7 @@ with the child, so minting children in a loop does not grow the store for ever.
 
 from __future__ import annotations
 
-import heapq
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,6 +66,20 @@ class Charge:
     exceeded: bool = False
 
 
+def decide(limit: float, spent: float, cost: float, *, enforce: bool) -> tuple[Charge, float]:
+    """One charge against a limited budget: the answer, and what is spent afterwards.
+
+    The one copy of the arithmetic. The memory and SQLite stores call it; Redis runs it inside a Lua
+    script (``stores/redis/policy.py``, ``_DECIDE_LUA``) that mirrors it line for line, and
+    ``tests/stores/test_decide.py`` runs one table against both. A transfer is a charge that must fit.
+    """
+    exceeded = cost > limit - spent + EPSILON
+    if exceeded and enforce:
+        return Charge(False, limit - spent, exceeded=True), spent
+    spent += cost
+    return Charge(True, limit - spent, exceeded=exceeded), spent
+
+
 class BudgetStore(Protocol):
     async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
         """Atomically take ``cost``; a budget unknown so far starts at ``limit`` (None: unlimited,
@@ -87,80 +99,3 @@ class BudgetStore(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-@dataclass(slots=True)
-class _Account:
-    limit: float
-    spent: float = 0.0
-
-    @property
-    def remaining(self) -> float:
-        return self.limit - self.spent
-
-
-class MemoryBudgetStore:
-    """Budgets in this process; a restart starts them afresh. Methods never await, so each is atomic."""
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._accounts: dict[str, _Account] = {}
-        #: (expiry, key) of accounts that expire (delegated children), soonest first.
-        self._expiring: list[tuple[float, str]] = []
-
-    def __len__(self) -> int:
-        self._expire()
-        return len(self._accounts)
-
-    def _expire(self) -> None:
-        if not self._expiring:
-            return
-        now = self._clock()
-        while self._expiring and self._expiring[0][0] <= now:
-            _, key = heapq.heappop(self._expiring)
-            self._accounts.pop(key, None)
-
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
-        self._expire()
-        account = self._accounts.get(key)
-        if account is None:
-            if limit is None:
-                return Charge(True, None)
-            account = self._accounts[key] = _Account(limit)
-        exceeded = cost > account.remaining + EPSILON
-        if exceeded and enforce:
-            return Charge(False, account.remaining, exceeded=True)
-        account.spent += cost
-        return Charge(True, account.remaining, exceeded=exceeded)
-
-    async def refund(self, key: str, amount: float) -> None:
-        account = self._accounts.get(key)
-        if account is not None:
-            account.spent = max(0.0, account.spent - amount)
-
-    async def remaining(self, key: str, *, limit: float | None) -> float | None:
-        self._expire()
-        account = self._accounts.get(key)
-        if account is None:
-            return limit
-        return account.remaining
-
-    async def transfer(self, parent: str, child: str, amount: float, *, parent_limit: float | None,
-                       ttl: float | None = None) -> Charge:
-        self._expire()
-        if child in self._accounts:
-            return Charge(False, None)
-        account = self._accounts.get(parent)
-        if account is None and parent_limit is not None:
-            account = self._accounts[parent] = _Account(parent_limit)
-        if account is not None:
-            if amount > account.remaining + EPSILON:
-                return Charge(False, account.remaining, exceeded=True)
-            account.spent += amount
-        self._accounts[child] = _Account(amount)
-        if ttl is not None:
-            heapq.heappush(self._expiring, (self._clock() + ttl, child))
-        return Charge(True, account.remaining if account is not None else None)
-
-    async def close(self) -> None:
-        return None

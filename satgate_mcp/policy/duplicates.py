@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 from enum import StrEnum
 from functools import partial
@@ -157,56 +155,3 @@ class WritesBehind(Protocol):
     operations asked for before it: a settled call's answer need not wait for its record."""
 
     def apply_behind(self, key: str, table: Table) -> None: ...
-
-
-class MemoryDuplicateStore:
-    """Records in this process, in expiry order (one TTL for all), bounded by ``cap``.
-
-    Past the cap the oldest record goes first: a re-send of a call that old is then charged as new.
-    """
-
-    def __init__(self, *, ttl: float = DUPLICATE_TTL_SECONDS, cap: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._ttl = ttl
-        self._cap = cap
-        self._clock = clock
-        self._records: OrderedDict[str, tuple[Record, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def get(self, key: str) -> State:
-        self._expire(self._clock())
-        entry = self._records.get(key)
-        return entry[0] if entry else None
-
-    async def apply(self, key: str, table: Table) -> str:
-        return self._apply(key, table)
-
-    def apply_behind(self, key: str, table: Table) -> None:
-        self._apply(key, table)
-
-    def _apply(self, key: str, table: Table) -> str:
-        now = self._clock()
-        self._expire(now)
-        entry = self._records.get(key)
-        current = entry[0] if entry else None
-        new, outcome = table[current]
-        if new is None:
-            self._records.pop(key, None)
-        elif new is not current:
-            self._records[key] = (new, now + self._ttl)
-            self._records.move_to_end(key)
-            while len(self._records) > self._cap:
-                self._records.popitem(last=False)
-        return outcome
-
-    def _expire(self, now: float) -> None:
-        while self._records:
-            oldest, (_, expires) = next(iter(self._records.items()))
-            if expires > now:
-                break
-            del self._records[oldest]
-
-    async def close(self) -> None:
-        self._records.clear()

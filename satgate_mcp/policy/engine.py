@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import structlog
 
@@ -33,15 +31,9 @@ from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.admissions import Admissions, ChargeAsk
-from satgate_mcp.policy.budget import (
-    BudgetStore,
-    Charge,
-    MemoryBudgetStore,
-    initial_limit,
-    resolve_cost,
-    shown_remaining,
-)
+from satgate_mcp.policy.admissions import Admission, Admissions, ChargeAsk
+from satgate_mcp.policy.budget import BudgetStore, initial_limit, resolve_cost, shown_remaining
+from satgate_mcp.policy.charging import Charging
 from satgate_mcp.policy.delegate import Delegator
 from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, Minter, Verifier
 from satgate_mcp.policy.duplicates import (
@@ -49,12 +41,10 @@ from satgate_mcp.policy.duplicates import (
     DUPLICATE_TTL_SECONDS,
     Arrival,
     DuplicateStore,
-    MemoryDuplicateStore,
     WritesBehind,
     duplicate_key,
 )
 from satgate_mcp.policy.limits import (
-    MemoryRateLimiter,
     RateLimiter,
     RateSpec,
     ToolRate,
@@ -65,62 +55,19 @@ from satgate_mcp.policy.limits import (
     retry_after_seconds,
 )
 from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
-from satgate_mcp.policy.shared_calls import InFlight, SharedCall, UpstreamCall, cancelled
+from satgate_mcp.policy.shared_calls import InFlight, UpstreamCall, cancelled
 from satgate_mcp.policy.store_time import StoreTime
 from satgate_mcp.settings import Settings
-
-try:
-    from redis.exceptions import RedisError
-except ImportError:  # pragma: no cover - redis is a plain dependency; kept importable without it
-    RedisError = OSError  # type: ignore[misc,assignment]
-
-#: What a store that cannot answer raises: Redis down, paused past SATGATE_REDIS_TIMEOUT, or the state database.
-STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError, sqlite3.Error)
+from satgate_mcp.stores import STORE_ERRORS, Stores
+from satgate_mcp.stores.memory import MemoryBudgetStore, MemoryDuplicateStore, MemoryRateLimiter
 
 log = structlog.get_logger("satgate_mcp.policy")
-
-if TYPE_CHECKING:
-    from satgate_mcp.state import LocalState
 
 TOOLS_CALL = "tools/call"
 #: Answered by the gateway from its own state: they cost no upstream work, so no rate limit.
 UNMETERED_METHODS = frozenset({"ping", "initialize", "tools/list", "logging/setLevel"})
-BUDGET_EXHAUSTED_CODE = -32000
 
 _NONE: Mapping[str, float] = MappingProxyType({})
-
-#: Roles that took their stake from the budget at admission.
-_CHARGED = frozenset({Role.UNGUARDED, Role.FIRST, Role.AGAIN})
-
-
-@dataclass(slots=True, eq=False)
-class Admission:
-    """What ``admit`` let through; hand it to ``run`` (or ``settle``) exactly once."""
-
-    identity: Identity
-    tool: str | None
-    role: Role
-    #: What a refund gives back: the cost, when the budget is limited (0 otherwise). A re-send's
-    #: is the first copy's charge, which it handed over to pay for this one.
-    stake: float = 0.0
-    #: Credits left as this admission last saw them (None: unlimited), for the spend events.
-    remaining: float | None = None
-    duplicate_key: str | None = None
-    #: The execution identical copies share; None when the guard is off.
-    shared: SharedCall | None = None
-    #: What is left of the call's store time; settlement spends from the same allowance as admission.
-    store_time: StoreTime = field(default_factory=lambda: StoreTime(None))
-
-    @property
-    def duplicate(self) -> bool:
-        """Admitted free: it joins a copy in flight here, or is the one re-send of a copy that never settled."""
-        return self.role in (Role.JOINED, Role.REPLAY)
-
-    @property
-    def charged(self) -> float:
-        """Credits this open admission took from a limited budget (0 for copies and free passes)."""
-        return self.stake if self.role in _CHARGED else 0.0
-
 
 class Parts(TypedDict, total=False):
     """What a deployment (or a test) plugs in besides the configuration: clocks, stores, minting."""
@@ -191,6 +138,7 @@ class CallPolicy:
         self._duplicates: DuplicateStore = (MemoryDuplicateStore(ttl=duplicate_ttl, clock=clock)
                                             if duplicates is None else duplicates)
         self._admissions = admissions
+        self._charging = Charging(self._budgets, publisher=publisher, metrics=metrics, enforce=self._enforce)
         # Decided once: an isinstance check on a runtime protocol costs more than the call it picks.
         self._records_behind: WritesBehind | None = (self._duplicates if isinstance(self._duplicates, WritesBehind)
                                                      else None)
@@ -206,21 +154,13 @@ class CallPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
-                      state: LocalState | None = None, **parts: Unpack[Parts]) -> CallPolicy:
-        """The one place ``Settings`` become a policy. Stores not handed in are in memory (the state
-        folder's with ``state``), or Redis-backed shared ones when ``SATGATE_REDIS_URL`` is set.
-        Delegation needs header auth."""
-        if settings.redis_url:
-            from satgate_mcp.policy.redis_stores import RedisStores
-
-            stores = RedisStores.from_url(settings.redis_url, timeout=settings.redis_timeout)
-            parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets,
-                     "duplicates": stores.duplicates, "on_close": [stores.aclose],
-                     "store_timeout": settings.redis_timeout, **parts}
-        elif state is not None:
-            # The state database gets the same bound: a locked or failing file must not hang a call either.
-            parts = {"budgets": state.budgets, "duplicates": state.duplicates, "admissions": state.admissions,
-                     "store_timeout": settings.redis_timeout, **parts}
+                      stores: Stores | None = None, **parts: Unpack[Parts]) -> CallPolicy:
+        """The one place ``Settings`` become a policy, over ``stores`` (``open_stores``; in memory when
+        None). Parts handed in win over the stores'. Delegation needs header auth."""
+        if stores is not None:
+            # Every store wait is bounded by one allowance, a locked database's as much as a paused Redis's.
+            parts = {"rate_limiter": stores.rate_limiter, "budgets": stores.budgets, "duplicates": stores.duplicates,
+                     "admissions": stores.admissions, "store_timeout": stores.timeout, **parts}
         root_key = settings.root_key if settings.auth_mode == "header" else None
         return cls(
             publisher=publisher, metrics=metrics,
@@ -270,12 +210,13 @@ class CallPolicy:
         cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
         limit = initial_limit(identity, self._operator_budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
-            return await self._charge(Admission(identity, tool, Role.UNGUARDED, store_time=store_time), cost, limit)
+            unguarded = Admission(identity, tool, Role.UNGUARDED, store_time=store_time)
+            return await self._charging.charge(unguarded, cost, limit)
         key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
-            return await self._admit_free(Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared,
-                                                    store_time=store_time), cost, limit)
+            joined = Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared, store_time=store_time)
+            return await self._charging.admit_free(joined, cost, limit)
         # Registered before any await, so a copy arriving meanwhile joins this one.
         shared = self._in_flight.open(key)
         admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared, store_time=store_time)
@@ -285,8 +226,8 @@ class CallPolicy:
             arrival = await store_time.run(lambda: self._duplicates.apply(key, ARRIVAL))
             admission.role = ROLE_ON_ARRIVAL[Arrival(arrival)]
             if admission.role is Role.REPLAY:
-                return await self._admit_free(admission, cost, limit)
-            return await self._charge(admission, cost, limit)
+                return await self._charging.admit_free(admission, cost, limit)
+            return await self._charging.charge(admission, cost, limit)
         except BaseException as exc:
             shared.fail(exc if isinstance(exc, GatewayError) else cancelled())  # copies share the refusal
             if store_time.spent:  # the refusal goes out now; its record is put right when the store answers
@@ -305,10 +246,10 @@ class CallPolicy:
         arrived = await admission.store_time.run(lambda: admissions.arrive(key, ask))
         if arrived.charge is None:
             admission.role = Role.REPLAY
-            return self._free(admission, cost, arrived.remaining)
+            return self._charging.free(admission, cost, arrived.remaining)
         if arrived.charge.allowed:
             admission.role = ROLE_ON_ARRIVAL[arrived.arrival]
-        return self._take(admission, cost, arrived.charge)
+        return self._charging.take(admission, cost, arrived.charge)
 
     def _tidy(self, admission: Admission) -> None:
         """Close a refused admission in the background, with an allowance of its own, logged if it fails."""
@@ -374,57 +315,8 @@ class CallPolicy:
             # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
             if plan.release and admission.duplicate_key is not None and admission.shared is not None:
                 self._in_flight.release(admission.duplicate_key, admission.shared)
-        amount = admission.stake
-        if plan.refunds(record_says) and amount:
-            await admission.store_time.run(lambda: self._budgets.refund(admission.identity.budget_key, amount))
-            admission.remaining = (admission.remaining or 0.0) + amount
-            self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
-                                    tool=admission.tool or "", cost=-amount, refund=True,
-                                    remaining=shown_remaining(admission.remaining))
-
-    async def _charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
-        identity = admission.identity
-        charge = await admission.store_time.run(
-            lambda: self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce))
-        return self._take(admission, cost, charge)
-
-    def _take(self, admission: Admission, cost: float, charge: Charge) -> Admission:
-        """What a charge's answer means for the call: refused (GatewayError) or taken, with its events."""
-        identity, name = admission.identity, admission.tool or ""
-        if charge.exceeded:
-            self._publisher.publish(events.BUDGET_EXHAUSTED, **self._fields(identity), tool=name, cost=cost,
-                                    remaining=shown_remaining(charge.remaining if not charge.allowed
-                                                              else _before(charge.remaining, cost)),
-                                    enforced=not charge.allowed)
-        if not charge.allowed:
-            self._metrics.refusals.labels(reason="budget_exhausted").inc()
-            raise GatewayError("Budget exhausted", {
-                "error": "budget_exhausted",
-                "tool": name,
-                "cost_credits": cost,
-                "remaining_credits": shown_remaining(charge.remaining),
-                "token_id": identity.token_id,
-                "budget_id": identity.budget_key,
-            }, code=BUDGET_EXHAUSTED_CODE)
-        admission.stake = cost if charge.remaining is not None else 0.0
-        admission.remaining = charge.remaining
-        self._publisher.publish(events.BUDGET_SPEND, **self._fields(identity), tool=name, cost=cost,
-                                remaining=shown_remaining(charge.remaining))
-        return admission
-
-    async def _admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
-        """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
-        remaining = await admission.store_time.run(
-            lambda: self._budgets.remaining(admission.identity.budget_key, limit=limit))
-        return self._free(admission, cost, remaining)
-
-    def _free(self, admission: Admission, cost: float, remaining: float | None) -> Admission:
-        admission.remaining = remaining
-        admission.stake = cost if admission.remaining is not None else 0.0
-        extra = {"replay": True} if admission.role is Role.REPLAY else {}
-        self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity), tool=admission.tool or "",
-                                cost=0, duplicate=True, remaining=shown_remaining(admission.remaining), **extra)
-        return admission
+        if plan.refunds(record_says):
+            await self._charging.refund(admission)
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None, store_time: StoreTime) -> None:
         # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
@@ -483,11 +375,3 @@ class CallPolicy:
         await self._duplicates.close()
         for closer in self._on_close:
             await closer()
-
-    @staticmethod
-    def _fields(identity: Identity) -> dict[str, Any]:
-        return {"token_id": identity.token_id, "budget_id": identity.budget_key}
-
-
-def _before(remaining_after: float | None, cost: float) -> float | None:
-    return None if remaining_after is None else remaining_after + cost

@@ -6,7 +6,7 @@ minting children never multiplies the rate, and a child's rate is at most its pa
 We keep our own bucket instead of the ``limits`` package: ``limits`` has only window
 strategies (no bucket with a burst separate from the rate), reads ``time.time()`` itself so
 it cannot be driven by a fake clock, and wants whole amounts per whole window; the bucket is a
-few lines here and one small Lua script for Redis (``redis_stores.py``).
+few lines here and one small Lua script for Redis (``stores/redis/policy.py``).
 
 The default burst is one second's worth of the rate, at least 1 (``600/m`` -> 10): a rate
 limit protects the upstreams from bursts; totals are what budgets are for.
@@ -16,8 +16,7 @@ limit protects the upstreams from bursts; totals are what budgets are for.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,48 +134,3 @@ class RateLimiter(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-class MemoryRateLimiter:
-    """Buckets in this process; a restart starts every bucket full.
-
-    Memory stays bounded by the number of active tokens: when the map passes ``cap`` buckets,
-    those idle long enough to be full again are dropped (a dropped bucket and a new one are the
-    same thing); if most are busy, the next sweep waits until the map has doubled.
-    """
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, cap: int = 100_000) -> None:
-        self._clock = clock
-        self._cap = cap
-        self._next_sweep = cap
-        self._states: dict[str, tuple[BucketState, RateSpec]] = {}
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    async def acquire(self, buckets: Sequence[Bucket]) -> float:
-        # No await inside: check-and-take is atomic on the event loop.
-        now = self._clock()
-        current = []
-        wait = 0.0
-        for b in buckets:
-            known = self._states.get(b.key)
-            state = refill(known[0] if known else None, b.spec, now)
-            current.append((b, state))
-            wait = max(wait, wait_for_token(state, b.spec))
-        if wait > 0:
-            return wait
-        for b, state in current:
-            self._states[b.key] = (BucketState(state.tokens - 1.0, state.updated), b.spec)
-        if len(self._states) > self._next_sweep:
-            self._drop_full(now)
-        return 0.0
-
-    def _drop_full(self, now: float) -> None:
-        for key, (state, spec) in list(self._states.items()):
-            if now - state.updated >= spec.full_after:
-                del self._states[key]
-        self._next_sweep = max(self._cap, 2 * len(self._states))
-
-    async def close(self) -> None:
-        self._states.clear()

@@ -10,9 +10,10 @@ from satgate_mcp.auth.base import NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import mint_token
-from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores.files import FileRevocationStore
+from satgate_mcp.stores.memory import MemoryRevocationStore
 
 KEY = "k" * 40
 

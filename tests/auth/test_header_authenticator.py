@@ -10,7 +10,8 @@ from satgate_mcp.auth import macaroons
 from satgate_mcp.auth.base import AuthOutcome
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import add_caveats, mint_token
-from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore
+from satgate_mcp.stores.files import FileRevocationStore
+from satgate_mcp.stores.memory import MemoryRevocationStore
 
 KEY = "k" * 40
 NOW = 1_000_000.0

@@ -18,18 +18,13 @@ from structlog.testing import capture_logs
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.macaroons import mint_token
-from satgate_mcp.auth.revocation import (
-    FileRevocationStore,
-    MemoryRevocationStore,
-    RedisRevocationStore,
-    UnionRevocationStore,
-    append_revocation,
-    parse_revocation_text,
-    revocation_files,
-    revocation_store_from_settings,
-)
+from satgate_mcp.auth.revocation import UnionRevocationStore, parse_revocation_text
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores import configured_revocations, revocation_files, revocation_store_from_settings
+from satgate_mcp.stores.files import FileRevocationStore, append_revocation
+from satgate_mcp.stores.memory import MemoryRevocationStore
+from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -299,7 +294,7 @@ async def test_store_from_settings(
         revocation_file=tmp_path / revocation_file if revocation_file else None, redis_url=redis_url,
         redis_timeout=2.0,
     )
-    store = revocation_store_from_settings(settings)
+    store = configured_revocations(settings)
     try:
         assert isinstance(store, kind)
     finally:
@@ -389,10 +384,13 @@ async def test_attack_deleting_the_revocation_file_under_a_gateway_keeps_refusin
     path = tmp_path / "revoked"
     path.write_text("tok-leaked\n")
     clock = FakeClock()
-    settings = Settings(auth_mode="header", root_key=SecretStr(GATEWAY_KEY), revocation_file=path)
-    auth = authenticator_from_settings(settings, revocations=FileRevocationStore(path, clock=clock))
+    settings = Settings(auth_mode="header", root_key=SecretStr(GATEWAY_KEY))
+    store = FileRevocationStore(path, clock=clock)
+    metrics = Metrics()
+    metrics.watch_revocation_files([store])  # what create_app does for the file it opens itself
+    auth = authenticator_from_settings(settings, revocations=store)
     client = await aiohttp_client(create_app(settings, authenticator=auth, pool=FakePool(["echo"]),
-                                             policy=AllowAllPolicy()))
+                                             policy=AllowAllPolicy(), metrics=metrics))
     headers = {"Authorization": f"Bearer {mint_token(GATEWAY_KEY, 'tok-leaked')}",
                "Accept": "application/json, text/event-stream"}
 
@@ -410,3 +408,15 @@ async def test_attack_deleting_the_revocation_file_under_a_gateway_keeps_refusin
     assert await initialize_status() == 403, "deleting the file un-revokes nothing"
     assert await metric("satgate_revocation_file_errors_total") == 1
     assert await metric("satgate_revocation_file_unusable") == 1
+
+
+async def test_the_revocation_file_the_gateway_opens_is_watched_by_metrics(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    path = tmp_path / "revoked"
+    path.write_text("tok-leaked\n")
+    settings = Settings(auth_mode="header", root_key=SecretStr(GATEWAY_KEY), revocation_file=path,
+                        state_dir="memory")
+    client = await aiohttp_client(create_app(settings, pool=FakePool(["echo"]), policy=AllowAllPolicy()))
+    async with client.get("/metrics") as answer:
+        assert _metric(await answer.text(), "satgate_revocation_file_unusable") == 0

@@ -20,7 +20,7 @@ from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthe
 from satgate_mcp.auth.caveats import MAX_PREDICATE_BYTES, DepthCaveat, parse_caveat, split_predicate
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, decode_identifier, mint_token, verify_signature
-from satgate_mcp.auth.revocation import MemoryRevocationStore
+from satgate_mcp.stores.memory import MemoryRevocationStore
 
 KEY = "the-gateways-own-root-key-0123456789abcdef"
 ATTACKER_KEY = "an-attackers-own-root-key-0123456789abcdef"

@@ -21,11 +21,11 @@ from pytest_aiohttp import AiohttpClient
 from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import REGISTRY
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 from tests.oauth_server import AuthServer

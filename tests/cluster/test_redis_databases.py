@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from satgate_mcp.auth.revocation import RedisRevocationStore
-from satgate_mcp.pubsub import channel_in
+from satgate_mcp.stores.redis.channel import channel_in
+from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from tests.cluster.cluster import SHARED_REDIS, shared_redis_url, unique
 
 SPREAD = 1.0

@@ -8,9 +8,9 @@ import pytest
 from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.auth.header import MacaroonAuthenticator
-from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.fakes import FakeClock
 from tests.limits_http.deployment import ROOT_KEY, WALL, CountingPublisher, Deploy, Deployment, header_settings
 

@@ -21,8 +21,8 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.app import create_app
 from satgate_mcp.settings import Settings
-from satgate_mcp.state import LocalState
-from satgate_mcp.state.sqlite import DB_NAME
+from satgate_mcp.stores import LocalState
+from satgate_mcp.stores.sqlite.database import DB_NAME
 from tests.fakes import FakeClock, FakePool
 from tests.limits_http.test_store_faults import TOKEN, echo, rpc, session_of
 

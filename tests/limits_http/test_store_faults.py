@@ -27,20 +27,20 @@ from pytest_aiohttp import AiohttpClient
 from satgate_mcp import jsonrpc
 from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import mint_token
-from satgate_mcp.auth.revocation import RedisRevocationStore
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.keys import STORES
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
-from satgate_mcp.policy.duplicates import MemoryDuplicateStore, Table
+from satgate_mcp.policy.budget import Charge
+from satgate_mcp.policy.duplicates import Table
 from satgate_mcp.policy.engine import CallPolicy
-from satgate_mcp.policy.limits import Bucket, MemoryRateLimiter, rate_spec
-from satgate_mcp.policy.redis_stores import RedisStores
+from satgate_mcp.policy.limits import Bucket, rate_spec
 from satgate_mcp.settings import Settings
-from satgate_mcp.shared_tombstones import RedisTombstones
+from satgate_mcp.stores.memory import MemoryBudgetStore, MemoryDuplicateStore, MemoryRateLimiter
+from satgate_mcp.stores.redis.policy import RedisStores
+from satgate_mcp.stores.redis.revocations import RedisRevocationStore
+from satgate_mcp.stores.redis.tombstones import RedisTombstones
 from tests.answers import read_answer
 from tests.cluster.redis_server import RedisServer, own_redis
 from tests.fakes import FakePool
@@ -182,11 +182,10 @@ async def test_header_mode_keeps_authenticating_from_the_revocation_mirror_while
     key = "store-fault-header-root-key-0123456789abcdef"
     settings = Settings(auth_mode="header", root_key=SecretStr(key), redis_url=redis_server.url,
                         redis_timeout=REDIS_TIMEOUT, budgets={"agent": 100.0}, enforcement="control")
-    authenticator = authenticator_from_settings(settings)
-    assert isinstance(authenticator, MacaroonAuthenticator)
-    mirror = authenticator.revocations
+    app = create_app(settings, pool=FakePool())
+    mirror = app[STORES].revocations  # the store the app's authenticator checks
     assert isinstance(mirror, RedisRevocationStore)
-    client = await aiohttp_client(create_app(settings, pool=FakePool(), authenticator=authenticator))
+    client = await aiohttp_client(app)
     token = mint_token(key, "agent")
     auth = {"Authorization": f"Bearer {token}"}
     body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
@@ -202,7 +201,6 @@ async def test_header_mode_keeps_authenticating_from_the_revocation_mirror_while
     called = await client.post("/mcp", data=json.dumps(jsonrpc.request_message(3, "tools/call", echo("x"))),
                                headers={**headers(session), **auth})
     assert called.status == 503
-    await authenticator.aclose()
 
 
 # --- one allowance of store time per call (issue 14: "retries included") ------------------------------------
@@ -286,11 +284,10 @@ async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_
     key = "store-fault-startup-root-key-0123456789abcdef"
     settings = Settings(auth_mode="header", root_key=SecretStr(key), redis_url=redis_server.url,
                         redis_timeout=REDIS_TIMEOUT, enforcement="control")
-    authenticator = authenticator_from_settings(settings)
-    assert isinstance(authenticator, MacaroonAuthenticator)
-    mirror = authenticator.revocations
+    app = create_app(settings, pool=FakePool())
+    mirror = app[STORES].revocations  # the store the app's authenticator checks
     assert isinstance(mirror, RedisRevocationStore)
-    client = await aiohttp_client(create_app(settings, pool=FakePool(), authenticator=authenticator))
+    client = await aiohttp_client(app)
     await asyncio.wait_for(mirror.synced.wait(), 5)  # no request was made: the start-up loaded it
     redis_server.kill()
     body = jsonrpc.request_message(1, "initialize", {"protocolVersion": VERSION, "capabilities": {},
@@ -298,7 +295,6 @@ async def test_the_revocation_mirror_loads_at_start_up_so_redis_gone_before_the_
     resp = await client.post("/mcp", data=json.dumps(body),
                              headers={**headers(None), "Authorization": f"Bearer {mint_token(key, 'agent')}"})
     assert resp.status == 200
-    await authenticator.aclose()
 
 
 @pytest.mark.process

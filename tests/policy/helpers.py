@@ -14,7 +14,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
-from satgate_mcp.state import LocalState
+from satgate_mcp.stores import LocalState, local_stores
 from tests.fakes import FakeClock
 
 ROOT_KEY = "k" * 32
@@ -60,7 +60,8 @@ def make_policy(clock: FakeClock | None = None, wall: FakeClock | None = None, *
     may plug in are taken out first."""
     publisher, metrics, minter = RecordingPublisher(), Metrics(), FakeMinter()
     kwargs = {k: overrides.pop(k) for k in ("max_delegation_depth", "new_id") if k in overrides}
-    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics, state=state,
+    policy = CallPolicy.from_settings(settings(**overrides), publisher=publisher, metrics=metrics,
+                                      stores=None if state is None else local_stores(state),
                                       clock=clock or FakeClock(), wall_clock=wall or FakeClock(WALL),
                                       minter=minter, verifier=minter.verify, **kwargs)
     return policy, publisher, metrics, minter

@@ -7,14 +7,8 @@ import asyncio
 import pytest
 
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.policy.budget import (
-    Charge,
-    MemoryBudgetStore,
-    child_account_ttl,
-    initial_limit,
-    resolve_cost,
-    shown_remaining,
-)
+from satgate_mcp.policy.budget import Charge, child_account_ttl, initial_limit, resolve_cost, shown_remaining
+from satgate_mcp.stores.memory import MemoryBudgetStore
 from tests.fakes import FakeClock
 
 COSTS = {"db_query": 5.0, "db_*": 3.0, "db_admin_*": 10.0, "search*": 0.5, "*": 2.0}

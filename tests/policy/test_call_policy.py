@@ -12,7 +12,7 @@ from satgate_mcp.errors import GatewayError, UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy import CallPolicy
+from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.limits import rate_spec
 from tests.fakes import FakeClock
 from tests.policy.helpers import (

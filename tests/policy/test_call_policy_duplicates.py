@@ -14,8 +14,8 @@ import pytest
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.policy import CallPolicy
-from satgate_mcp.state import LocalState
+from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.stores import LocalState
 from tests.fakes import FakeClock, until
 from tests.policy import helpers
 from tests.policy.helpers import (

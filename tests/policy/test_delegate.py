@@ -13,7 +13,7 @@ from satgate_mcp.auth.macaroons import verify_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy import CallPolicy
+from satgate_mcp.policy.engine import CallPolicy
 from tests.fakes import FakeClock
 from tests.policy.helpers import (
     ROOT_KEY,

@@ -16,7 +16,6 @@ from satgate_mcp.policy.duplicates import (
     REFUSED,
     REPLAY_SETTLED,
     Arrival,
-    MemoryDuplicateStore,
     Record,
     Settlement,
     State,
@@ -25,6 +24,7 @@ from satgate_mcp.policy.duplicates import (
     on_first_settled,
     on_replay_settled,
 )
+from satgate_mcp.stores.memory import MemoryDuplicateStore
 from tests.fakes import FakeClock
 
 Call = tuple[str, str, int | str, dict[str, Any] | None]  # token id, session id, request id, params

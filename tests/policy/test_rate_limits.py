@@ -8,7 +8,6 @@ from satgate_mcp.errors import ConfigError
 from satgate_mcp.policy.limits import (
     Bucket,
     BucketState,
-    MemoryRateLimiter,
     RateSpec,
     ToolRate,
     buckets_for,
@@ -18,6 +17,7 @@ from satgate_mcp.policy.limits import (
     retry_after_seconds,
     wait_for_token,
 )
+from satgate_mcp.stores.memory import MemoryRateLimiter
 from tests.fakes import FakeClock
 
 

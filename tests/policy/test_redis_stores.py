@@ -18,19 +18,12 @@ from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.budget import BudgetStore, Charge, MemoryBudgetStore
-from satgate_mcp.policy.duplicates import (
-    ARRIVAL,
-    FIRST_SETTLED,
-    REPLAY_SETTLED,
-    Arrival,
-    DuplicateStore,
-    MemoryDuplicateStore,
-    Settlement,
-)
+from satgate_mcp.policy.budget import BudgetStore, Charge
+from satgate_mcp.policy.duplicates import ARRIVAL, FIRST_SETTLED, REPLAY_SETTLED, Arrival, DuplicateStore, Settlement
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.limits import Bucket, RateSpec
-from satgate_mcp.policy.redis_stores import RedisStores
+from satgate_mcp.stores.memory import MemoryBudgetStore, MemoryDuplicateStore
+from satgate_mcp.stores.redis.policy import RedisStores
 from tests.fakes import FakeClock
 from tests.policy.helpers import settings
 

@@ -8,7 +8,7 @@ import pytest
 
 from satgate_mcp.errors import UnknownTarget, UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.policy import FailureKind, failure_kind, refundable, upstream_certainly_did_not_run
+from satgate_mcp.policy.refunds import FailureKind, failure_kind, refundable, upstream_certainly_did_not_run
 
 
 @pytest.mark.parametrize(("kind", "refunded"), [

@@ -24,11 +24,11 @@ from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Authenticator, AuthResult, NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import add_caveats, mint_token
-from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublisher
 from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS
 from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool, until
 

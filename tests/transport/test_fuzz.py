@@ -20,9 +20,9 @@ from satgate_mcp.app import create_app
 from satgate_mcp.auth.base import Authenticator, AuthOutcome, NoAuthenticator, StaticTokenAuthenticator
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import mint_token
-from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.fakes import AllowAllPolicy, FakePool
 from tests.raw_http import raw_post
 

@@ -20,8 +20,8 @@ from satgate_mcp.errors import GatewayError, UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy import FailureKind, failure_kind
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.policy.refunds import FailureKind, failure_kind
 from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream import http
 from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION

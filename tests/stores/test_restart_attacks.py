@@ -25,6 +25,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores import open_stores
 from tests.answers import decode_answer
 from tests.fakes import FakePool
 
@@ -174,15 +175,12 @@ async def policies(tmp_path: Path) -> AsyncIterator[Callable[[], CallPolicy]]:
     closers: list[Callable[[], Awaitable[None]]] = []
 
     def make() -> CallPolicy:
-        from satgate_mcp.state import open_state
-
         values: dict[str, Any] = {"auth_mode": "header", "root_key": ROOT_KEY, "enforcement": "control",
                                   "state_dir": str(tmp_path / "state")}
         settings = Settings(**values)
-        state = open_state(settings)
-        if state is not None:
-            closers.append(state.aclose)
-        policy = CallPolicy.from_settings(settings, publisher=RecordingPublisher(), metrics=Metrics(), state=state)
+        stores = open_stores(settings)
+        closers.append(stores.aclose)
+        policy = CallPolicy.from_settings(settings, publisher=RecordingPublisher(), metrics=Metrics(), stores=stores)
         made.append(policy)
         return policy
 

@@ -21,7 +21,7 @@ import redis.asyncio as redis
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Table
 from satgate_mcp.policy.limits import Bucket
-from satgate_mcp.redis_client import connect
+from satgate_mcp.stores.redis.client import connect
 
 DEFAULT_PREFIX = "satgate:"
 
@@ -48,9 +48,20 @@ end
 return '0'
 """
 
+#: ``policy.budget.decide``, line for line: returns allowed, remaining, exceeded, spent afterwards.
+_DECIDE_LUA = """
+local function decide(limit, spent, cost, enforce)
+  local exceeded = cost > limit - spent + 1e-9
+  if exceeded and enforce then return false, limit - spent, true, spent end
+  spent = spent + cost
+  return true, limit - spent, exceeded, spent
+end
+local function num(value) return string.format('%.17g', value) end
+"""
+
 # KEYS[1] budget; ARGV cost, limit ('' = unlimited), enforce ('1'/'0').
 # Returns {status, remaining, exceeded}: status ok | refused | unlimited.
-_CHARGE_LUA = """
+_CHARGE_LUA = _DECIDE_LUA + """
 local limit = redis.call('HGET', KEYS[1], 'limit')
 local spent = 0
 if limit then
@@ -60,15 +71,10 @@ else
   limit = ARGV[2]
   redis.call('HSET', KEYS[1], 'limit', limit, 'spent', '0')
 end
-limit = tonumber(limit)
-local cost = tonumber(ARGV[1])
-local exceeded = cost > limit - spent + 1e-9
-if exceeded and ARGV[3] == '1' then
-  return {'refused', string.format('%.17g', limit - spent), '1'}
-end
-spent = spent + cost
-redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', spent))
-return {'ok', string.format('%.17g', limit - spent), exceeded and '1' or '0'}
+local allowed, remaining, exceeded, after = decide(tonumber(limit), spent, tonumber(ARGV[1]), ARGV[3] == '1')
+if not allowed then return {'refused', num(remaining), '1'} end
+redis.call('HSET', KEYS[1], 'spent', num(after))
+return {'ok', num(remaining), exceeded and '1' or '0'}
 """
 
 _REFUND_LUA = """
@@ -81,7 +87,7 @@ return 1
 
 # KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited), child ttl in ms ('' = none).
 # Returns {status, parent remaining ('' = unlimited)}: status ok | insufficient | exists.
-_TRANSFER_LUA = """
+_TRANSFER_LUA = _DECIDE_LUA + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists', ''} end
 local amount = tonumber(ARGV[1])
 local limit = redis.call('HGET', KEYS[1], 'limit')
@@ -92,19 +98,16 @@ elseif ARGV[2] ~= '' then
   limit = ARGV[2]
   redis.call('HSET', KEYS[1], 'limit', limit, 'spent', '0')
 end
-local remaining = ''
+local left = ''
 if limit then
-  limit = tonumber(limit)
-  if amount > limit - spent + 1e-9 then
-    return {'insufficient', string.format('%.17g', limit - spent)}
-  end
-  spent = spent + amount
-  redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', spent))
-  remaining = string.format('%.17g', limit - spent)
+  local allowed, remaining, _, after = decide(tonumber(limit), spent, amount, true)
+  if not allowed then return {'insufficient', num(remaining)} end
+  redis.call('HSET', KEYS[1], 'spent', num(after))
+  left = num(remaining)
 end
 redis.call('HSET', KEYS[2], 'limit', ARGV[1], 'spent', '0')
 if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-return {'ok', remaining}
+return {'ok', left}
 """
 
 

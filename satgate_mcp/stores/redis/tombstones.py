@@ -18,8 +18,8 @@ from collections.abc import Callable
 import redis.asyncio as redis
 import structlog
 
-from satgate_mcp.pubsub import ChannelFollower
-from satgate_mcp.redis_client import connect
+from satgate_mcp.stores.redis.channel import ChannelFollower
+from satgate_mcp.stores.redis.client import connect
 
 DEFAULT_PREFIX = "satgate:tomb:"
 

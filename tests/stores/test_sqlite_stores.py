@@ -15,31 +15,25 @@ from typing import Any
 
 import pytest
 
-from satgate_mcp.auth.revocation import FileRevocationStore, MemoryRevocationStore, UnionRevocationStore
+from satgate_mcp.auth.revocation import UnionRevocationStore
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.policy.admissions import Arrived, ChargeAsk, refused_record
-from satgate_mcp.policy.budget import Charge, MemoryBudgetStore
-from satgate_mcp.policy.duplicates import (
-    ARRIVAL,
-    FIRST_SETTLED,
-    REFUSED,
-    REPLAY_SETTLED,
-    STATES,
-    Arrival,
-    MemoryDuplicateStore,
-    State,
-    Table,
-)
+from satgate_mcp.policy.budget import Charge
+from satgate_mcp.policy.duplicates import ARRIVAL, FIRST_SETTLED, REFUSED, REPLAY_SETTLED, STATES, Arrival, State, Table
 from satgate_mcp.settings import Settings
-from satgate_mcp.state import (
-    DEFAULT_STATE_DIR,
+from satgate_mcp.stores import (
     LocalState,
+    local_stores,
     no_cli_revocations_reason,
-    open_state,
+    open_stores,
     resolve_state_dir,
     state_folder,
 )
-from satgate_mcp.state.sqlite import CHECKPOINT_EVERY_COMMITS, DB_NAME, PURGE_INTERVAL_SECONDS, Database
+from satgate_mcp.stores.files import FileRevocationStore
+from satgate_mcp.stores.folder import DEFAULT_STATE_DIR
+from satgate_mcp.stores.memory import MemoryBudgetStore, MemoryDuplicateStore
+from satgate_mcp.stores.sqlite.database import DB_NAME, PURGE_INTERVAL_SECONDS, Database
+from satgate_mcp.stores.sqlite.transactions import CHECKPOINT_EVERY_COMMITS
 from tests.fakes import FakeClock
 
 WALL = 1_700_000_000.0
@@ -85,13 +79,13 @@ def test_resolve_state_dir(configured: str | None, environ: dict[str, str], expe
 def test_redis_shares_the_state_so_no_folder_is_used(tmp_path: Path) -> None:
     settings = Settings(redis_url="redis://127.0.0.1:6379/0", state_dir=str(tmp_path / "state"))
     assert state_folder(settings) is None
-    assert open_state(settings) is None
+    assert open_stores(settings).kind == "redis"
     assert not (tmp_path / "state").exists()
 
 
 def test_memory_opens_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert open_state(Settings(state_dir="memory")) is None
+    assert open_stores(Settings(state_dir="memory")).kind == "memory"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -389,8 +383,8 @@ async def test_revoke_refuses_an_id_that_is_not_one(state: LocalState) -> None:
 
 
 async def test_the_daemon_adds_the_state_folder_to_a_configured_file(state: LocalState, tmp_path: Path) -> None:
-    assert state.revocations_with(MemoryRevocationStore()) is state.revocations
-    joined = state.revocations_with(FileRevocationStore(tmp_path / "revoked"))
+    assert local_stores(state).revocations is state.revocations
+    joined = local_stores(state, FileRevocationStore(tmp_path / "revoked")).revocations
     assert isinstance(joined, UnionRevocationStore)
     assert joined.stores[1] is state.revocations
 

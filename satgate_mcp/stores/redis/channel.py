@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as redis
 import structlog
 
-from satgate_mcp.redis_client import subscriber
+from satgate_mcp.stores.redis.client import subscriber
 
 RESYNC_INTERVAL_SECONDS = 0.5
 CLOSE_WAIT_SECONDS = 1.0
