@@ -239,8 +239,7 @@ class Edge:
             session = self._registry.open(principal.token, principal.identity, protocol_version)
         except RegistryFull as full:
             return self._registry_full(full)
-        declared = (init_params or {}).get("capabilities")
-        session.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
+        session.declare(init_params)
         self._saw_tools(session)
         self._metrics.sessions_opened.inc()
         return session
@@ -255,7 +254,7 @@ class Edge:
                 self._publisher.publish(events.AUTH_FAILURE, outcome="session_token_mismatch",
                                         session_id=session_id, token_id=principal.identity.token_id)
                 return rules.token_mismatch(self._settings.oauth_resource_metadata_url)
-            session.identity = principal.identity
+            session.rebind(principal.identity)
             self._registry.touch(session)
             return session
         if not (may_resume and self.resumes_sessions):
@@ -331,8 +330,8 @@ class Edge:
     # --- what a session is owed before its answer ----------------------------------------------
 
     def _saw_tools(self, session: Session) -> None:
-        """The one writer of ``tools_seen``: this client now knows the current tool list."""
-        session.tools_seen = self._dispatcher.tools_version
+        """This client now knows the current tool list."""
+        session.saw_tools(self._dispatcher.tools_version)
 
     def owes(self, session: Session, request: jsonrpc.Request) -> bool:
         return rules.owes_tools_changed(request.method, session.tools_seen, self._dispatcher.tools_version)
@@ -362,7 +361,7 @@ class Edge:
             return jsonrpc.error_response(request.id, jsonrpc.INVALID_PARAMS, "logging/setLevel needs a valid level",
                                           {"error": "invalid_params", "level": str(level)[:40]})
         assert isinstance(level, str)
-        session.log_level = level
+        session.set_log_level(level)
         await self._dispatcher.set_session_log_level(session.identity.token_id, session.id, level)
         wanted = most_verbose(self._registry.log_levels())
         if wanted is not None and wanted != self._upstream_log_level:
@@ -431,7 +430,7 @@ class Edge:
         key = (session.id, request.id)
         running = RunningCall(task)
         self._inflight.setdefault(key, set()).add(running)
-        session.inflight += 1  # a session with a call running is never the one evicted for its token's quota
+        session.call_started()  # a session with a call running is never the one evicted for its token's quota
         try:
             reply = await self._dispatch(session, request, on_progress)
         except asyncio.CancelledError:
@@ -441,7 +440,7 @@ class Edge:
                                               {"error": "cancelled"})
             raise
         finally:
-            session.inflight -= 1
+            session.call_ended()
             calls = self._inflight.get(key)
             if calls is not None:
                 calls.discard(running)

@@ -137,7 +137,7 @@ class StreamHub:
         for session_id in recipients(method, params, frozenset(self._streams), self._subscriptions, origin):
             stream = self._streams[session_id]
             if method == TOOLS_CHANGED:  # told now, so it is not owed again ahead of the next answer
-                stream.session.tools_seen = self._tools_version()
+                stream.session.saw_tools(self._tools_version())
             stream.deliver(message)
 
 

@@ -76,7 +76,7 @@ class LegacySseTransport:
         session = self._edge.open_session(principal, LEGACY_VERSION)
         if isinstance(session, Refusal):
             return refusal_answer(session)
-        session.inflight += 1  # the open stream is the session: never evicted for its token's quota
+        session.call_started()  # the open stream is the session: never evicted for its token's quota
         request[SESSION_ID] = session.id
         # The stream is the session's only one: the hub's notices go into the same queue as its answers.
         opened = self._hub.open(session) if self._hub is not None else None
@@ -155,8 +155,7 @@ class LegacySseTransport:
         for note in self._edge.owed(state.session, message):
             self._enqueue(state, note)
         if message.method == "initialize":
-            declared = (message.params or {}).get("capabilities")
-            state.session.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
+            state.session.declare(message.params)
             reply = jsonrpc.result_response(message.id, self._edge.initialize_result(LEGACY_VERSION))
         else:
             async def emit(out: JsonObj) -> bool:

@@ -27,7 +27,8 @@ from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.auth.revocation import MemoryRevocationStore
 from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublisher
 from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS
-from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
+from satgate_mcp.session_ids import make_session_id, session_id_matches_token
+from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool, until
