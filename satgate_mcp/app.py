@@ -35,12 +35,14 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.shared_tombstones import RedisTombstones
 from satgate_mcp.state import open_state
 from satgate_mcp.transport import health, oauth
-from satgate_mcp.transport.edge import Edge
+from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
+from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.session_endpoint import SessionEndpoint
+from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
@@ -100,10 +102,13 @@ def create_app(
         tombstones = RedisTombstones(settings.redis_url, timeout=settings.redis_timeout,
                                      on_error=lambda op: metrics.store_errors.labels(op=op).inc())
         owned.append(tombstones.aclose)
-    edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
-                publisher=publisher, metrics=metrics, tombstones=tombstones)
+    checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)
+    runner = CallRunner(dispatcher=dispatcher, registry=registry, metrics=metrics,
+                        limiter=inflight_limiter(settings, authenticator.mode))
+    gate = SessionGate(settings=settings, registry=registry, checks=checks, dispatcher=dispatcher, publisher=publisher,
+                       metrics=metrics, stop_calls=runner.stop_session, tombstones=tombstones)
     if tombstones is not None:
-        tombstones.on_remote_delete = edge.end_remote
+        tombstones.on_remote_delete = gate.end_remote
 
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
     app = web.Application(middlewares=[request_logger(metrics, log_health=settings.access_log_health)],
@@ -112,8 +117,8 @@ def create_app(
     app[REGISTRY] = registry
     app[POOL] = pool
     app[METRICS] = metrics
-    app[INFLIGHT] = edge.limiter
-    app[RESUMES_SESSIONS] = edge.resumes_sessions
+    app[INFLIGHT] = runner.limiter
+    app[RESUMES_SESSIONS] = gate.resumes_sessions
     if settings.redis_url:
         from satgate_mcp.policy.redis_stores import RedisProbe
 
@@ -141,17 +146,18 @@ def create_app(
     registry.on_close.append(session_ended)
     owned.append(subscriptions.aclose)
 
-    modern = StatelessEndpoint(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
+    modern = StatelessEndpoint(checks, runner, dispatcher, listeners=listeners,
+                               flows=Flows(derive_keys(settings.state_keys)))
     owned.insert(0, modern.aclose)  # first: the calls of the flows it gives up settle in the state store
     replay = ReplayBook()
-    SessionEndpoint(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
-                            poll_seconds=settings.sse_poll_seconds).add_routes(app)
+    SessionEndpoint(checks, gate, runner, dispatcher, StandaloneStream(checks, gate, hub, replay), modern=modern,
+                    replay=replay, poll_seconds=settings.sse_poll_seconds).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()
 
     app.on_shutdown.append(end_listen_streams)
-    LegacySseTransport(edge, hub).add_routes(app)
+    LegacySseTransport(checks, gate, runner, dispatcher, hub).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
