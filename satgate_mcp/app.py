@@ -36,12 +36,14 @@ from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import open_stores
 from satgate_mcp.transport import health, oauth
-from satgate_mcp.transport.edge import Edge
+from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
+from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.session_endpoint import SessionEndpoint
+from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
@@ -101,18 +103,22 @@ def create_app(
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy)
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
-    edge = Edge(settings=settings, registry=registry, authenticator=authenticator, dispatcher=dispatcher,
-                publisher=publisher, metrics=metrics, tombstones=stores.shared_tombstones)
+    checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)
+    runner = CallRunner(dispatcher=dispatcher, registry=registry, metrics=metrics,
+                        limiter=inflight_limiter(settings, authenticator.mode))
+    gate = SessionGate(settings=settings, registry=registry, checks=checks, dispatcher=dispatcher, publisher=publisher,
+                       metrics=metrics, stop_calls=runner.stop_session, tombstones=stores.shared_tombstones)
     if stores.shared_tombstones is not None:
-        stores.shared_tombstones.on_remote_delete = edge.end_remote
+        stores.shared_tombstones.on_remote_delete = gate.end_remote
         app[TOMBSTONES] = stores.shared_tombstones
-    app[INFLIGHT] = edge.limiter
-    app[RESUMES_SESSIONS] = edge.resumes_sessions
-    _add_transports(app, edge, dispatcher)
+    app[INFLIGHT] = runner.limiter
+    app[RESUMES_SESSIONS] = gate.resumes_sessions
+    _add_transports(app, checks, gate, runner, dispatcher)
     return app
 
 
-def _add_transports(app: web.Application, edge: Edge, dispatcher: Dispatcher) -> None:
+def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGate, runner: CallRunner,
+                    dispatcher: Dispatcher) -> None:
     """Every endpoint: /mcp (both eras), the legacy /sse, health and OAuth metadata."""
     settings, pool, registry = app[SETTINGS], app[POOL], app[REGISTRY]
     subscriptions = dispatcher.subscriptions
@@ -126,18 +132,19 @@ def _add_transports(app: web.Application, edge: Edge, dispatcher: Dispatcher) ->
         pool.session_ended(session.id)  # an isolated upstream reaps the session's child
 
     registry.on_close.append(session_ended)
-    modern = StatelessEndpoint(edge, listeners=listeners, flows=Flows(derive_keys(settings.state_keys)))
+    modern = StatelessEndpoint(checks, runner, dispatcher, listeners=listeners,
+                               flows=Flows(derive_keys(settings.state_keys)))
     # Last appended, first closed: the calls of the flows it gives up settle while the stores are open.
     app.cleanup_ctx.append(_closing(modern.aclose))
     replay = ReplayBook()
-    SessionEndpoint(edge, StandaloneStream(edge, hub, replay), modern=modern, replay=replay,
-                    poll_seconds=settings.sse_poll_seconds).add_routes(app)
+    SessionEndpoint(checks, gate, runner, dispatcher, StandaloneStream(checks, gate, hub, replay), modern=modern,
+                    replay=replay, poll_seconds=settings.sse_poll_seconds).add_routes(app)
 
     async def end_listen_streams(app: web.Application) -> None:
         await listeners.end_all()
 
     app.on_shutdown.append(end_listen_streams)
-    LegacySseTransport(edge, hub).add_routes(app)
+    LegacySseTransport(checks, gate, runner, dispatcher, hub).add_routes(app)
     health.add_routes(app)
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,

@@ -271,7 +271,7 @@ class Dispatcher:
         return self._pool.tools_version
 
     async def set_upstream_log_level(self, level: str) -> None:
-        """The most verbose level any session asked for, to every upstream that logs (the edge decides it)."""
+        """The most verbose level any session asked for, to every upstream that logs (the call runner decides it)."""
         await self._pool.set_log_level(level)
 
     async def set_session_log_level(self, token_id: str, session_id: str, level: str) -> None:

@@ -1,4 +1,4 @@
-"""The session registry: token-bound session ids, cap, idle TTL, tombstones, sweep, resume.
+"""The session registry: sessions under token-bound ids (``session_ids``), cap, idle TTL, tombstones, sweep, resume.
 
 No HTTP and no I/O here (events go to the publisher; one warning to the log), and the clock is injected,
 so every rule is testable by calling methods.
@@ -9,10 +9,7 @@ guards happen in the same uninterrupted call, so a DELETE that completed first a
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
-import secrets
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -25,8 +22,9 @@ import structlog
 from satgate_mcp import events
 from satgate_mcp.auth.base import Identity, token_hash
 from satgate_mcp.events import Publisher
-
-_ID_RE = re.compile(r"^mcp-([0-9a-f]{32})-([0-9a-f]{32})$")
+from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.session_ids import make_session_id, session_id_matches_token
+from satgate_mcp.session_rules import QuotaAction, TombstoneAction, live_quota_action, tombstone_action
 
 log = structlog.get_logger("satgate_mcp.sessions")
 
@@ -38,31 +36,6 @@ QUOTA_EVICTING_HINT = ("this token id holds SATGATE_SESSIONS_PER_TOKEN live sess
 #: Token ids remembered as warned. Only a root token id holding a full quota gets here (children count as their
 #: root), so real deployments stay far below it; past it the set starts over, keeping memory bounded.
 QUOTA_WARNED_BOUND = 10_000
-
-
-def session_tag(token: str, random_hex: str) -> str:
-    """First 16 bytes of HMAC-SHA256(key=SHA-256(token), msg=random part), as hex (DESIGN.md section 3)."""
-    key = hashlib.sha256(token.encode("utf-8")).digest()
-    return hmac.new(key, random_hex.encode("ascii"), hashlib.sha256).digest()[:16].hex()
-
-
-def make_session_id(token: str, random_hex: str | None = None) -> str:
-    rnd = random_hex if random_hex is not None else secrets.token_bytes(16).hex()
-    return f"mcp-{rnd}-{session_tag(token, rnd)}"
-
-
-def session_id_matches_token(session_id: str, token: str) -> bool:
-    """True only for a well-formed id whose tag was made with this token; untagged ids never match."""
-    m = _ID_RE.fullmatch(session_id)
-    if m is None:
-        return False
-    return hmac.compare_digest(session_tag(token, m.group(1)), m.group(2))
-
-
-def is_valid_session_id_syntax(value: str) -> bool:
-    """The spec allows visible ASCII only; anything else is a malformed header (400), not an unknown id."""
-    # 0x21-0x7E: printable ASCII without the space, checked in C (a per-character loop cost microseconds).
-    return 0 < len(value) <= 256 and value.isascii() and value.isprintable() and " " not in value
 
 
 class CloseReason(StrEnum):
@@ -107,6 +80,9 @@ BUSY_RETRY_AFTER = 1
 
 @dataclass(slots=True)
 class Session:
+    """One client's session. Its fields are read anywhere but change only through the methods below,
+    so every writer is one grep away (tests/test_session_writes.py keeps it so)."""
+
     id: str
     token_hash: str
     identity: Identity
@@ -128,6 +104,32 @@ class Session:
     def answers_to(self, token: str) -> bool:
         return hmac.compare_digest(self.token_hash, token_hash(token))
 
+    def declare(self, init_params: JsonObj | None) -> None:
+        """The client's ``initialize`` params: the capabilities it offers, parsed here only (not an object: none)."""
+        declared = (init_params or {}).get("capabilities")
+        self.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
+
+    def rebind(self, identity: Identity) -> None:
+        """The identity of the token this request presented (its scopes and caveats decide this request)."""
+        self.identity = identity
+
+    def seen(self, now: float) -> None:
+        self.last_seen = now
+
+    def saw_tools(self, tools_version: int) -> None:
+        """The client now knows the tool list as of this version: a change is no longer owed to it."""
+        self.tools_seen = tools_version
+
+    def set_log_level(self, level: str) -> None:
+        self.log_level = level
+
+    def call_started(self) -> None:
+        """A call (or the legacy stream that is the session) runs on it: a busy session is never evicted."""
+        self.inflight += 1
+
+    def call_ended(self) -> None:
+        self.inflight -= 1
+
 
 @dataclass(frozen=True, slots=True)
 class Resumed:
@@ -135,47 +137,9 @@ class Resumed:
     created: bool
 
 
-# --- decisions: pure functions, table-tested ------------------------------------------------------------
-
-
-class QuotaAction(StrEnum):
-    ADMIT = "admit"
-    EVICT = "evict"
-    BUSY = "busy"
-
-
-def live_quota_action(held: int, quota: int, has_idle: bool) -> QuotaAction:
-    """A token below its quota is admitted; at it, its LRU idle session makes room, else it waits (503)."""
-    if held < quota:
-        return QuotaAction.ADMIT
-    return QuotaAction.EVICT if has_idle else QuotaAction.BUSY
-
-
 def least_recently_used_idle(sessions: Iterable[Session]) -> Session | None:
     """The eviction victim: no request in flight, oldest ``last_seen``."""
     return min((s for s in sessions if s.inflight == 0), key=lambda s: s.last_seen, default=None)
-
-
-class TombstoneAction(StrEnum):
-    RECORD = "record"
-    #: Replace the deleting token's tombstones by one block on its own resumes (until now + TTL).
-    BLOCK_OWN = "block_own"
-    #: The map is full: the largest other holder's tombstones become one block on *its* resumes.
-    BLOCK_LARGEST = "block_largest"
-
-
-def tombstone_action(own: int, quota: int, total: int, bound: int, largest_other: int) -> TombstoneAction:
-    """Where a DELETE's tombstone goes, so that one token's deletes only ever cost that token.
-
-    Past its quota a token blocks its own resumes. When the shared map is full, room is taken from
-    whoever holds the most (max-min fairness): a token is only blocked for holding at least as
-    many tombstones as every other token, never because a bigger holder filled the map.
-    """
-    if own >= quota:
-        return TombstoneAction.BLOCK_OWN
-    if total < bound:
-        return TombstoneAction.RECORD
-    return TombstoneAction.BLOCK_LARGEST if largest_other > own else TombstoneAction.BLOCK_OWN
 
 
 class TombstoneStore(Protocol):
@@ -242,7 +206,7 @@ class SessionRegistry:
         now = self._clock()
         self._admit(identity.family_id, now)
         sid = make_session_id(token)
-        session = Session(sid, token_hash(token), identity, protocol_version, now, now)
+        session = Session(sid, token_hash(token), identity, protocol_version, now, now, quota_key=identity.family_id)
         self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=sid, token_id=identity.token_id,
                                 protocol_version=protocol_version, resumed=False, **_client_of(identity))
@@ -264,7 +228,7 @@ class SessionRegistry:
         return session
 
     def touch(self, session: Session) -> None:
-        session.last_seen = self._clock()
+        session.seen(self._clock())
 
     def resume(self, session_id: str, token: str, identity: Identity, protocol_version: str) -> Resumed | ResumeRefusal:
         """Serve an id this process does not hold again, if the token that opened it is presenting it.
@@ -291,7 +255,8 @@ class SessionRegistry:
         if existing is not None:
             self._drop(session_id, CloseReason.IDLE)
         self._admit(identity.family_id, now)
-        session = Session(session_id, token_hash(token), identity, protocol_version, now, now, resumed=True)
+        session = Session(session_id, token_hash(token), identity, protocol_version, now, now, resumed=True,
+                          quota_key=identity.family_id)
         self._insert(session)
         self._publisher.publish(events.SESSION_CONNECT, session_id=session_id, token_id=identity.token_id,
                                 protocol_version=protocol_version, resumed=True, **_client_of(identity))
@@ -385,7 +350,6 @@ class SessionRegistry:
         log.warning(QUOTA_EVICTING, token_id=token_id, quota=self.per_token, hint=QUOTA_EVICTING_HINT)
 
     def _insert(self, session: Session) -> None:
-        session.quota_key = session.identity.family_id
         self._sessions[session.id] = session
         self._by_token.setdefault(session.quota_key, {})[session.id] = session
 

@@ -12,24 +12,18 @@ from structlog.testing import capture_logs
 from satgate_mcp import events
 from satgate_mcp.auth.base import ANONYMOUS_IDENTITY, Identity, per_token_quota
 from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.session_ids import is_valid_session_id_syntax, make_session_id, session_id_matches_token, session_tag
+from satgate_mcp.session_rules import QuotaAction, TombstoneAction, live_quota_action, tombstone_action
 from satgate_mcp.sessions import (
     QUOTA_EVICTING,
     CloseReason,
-    QuotaAction,
     RegistryFull,
     Resumed,
     ResumeRefusal,
     Session,
     SessionRegistry,
     TokenSessionsBusy,
-    TombstoneAction,
-    is_valid_session_id_syntax,
     least_recently_used_idle,
-    live_quota_action,
-    make_session_id,
-    session_id_matches_token,
-    session_tag,
-    tombstone_action,
 )
 from tests.fakes import FakeClock
 

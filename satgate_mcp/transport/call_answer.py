@@ -16,7 +16,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.transport.edge import json_answer, sse_event
+from satgate_mcp.transport.answers import json_answer, sse_event
 from satgate_mcp.transport.replay import RETRY_MS, CallLog, ReplayBook, new_stream_id
 from satgate_mcp.transport.rules import reply_status
 

@@ -16,7 +16,8 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.keys import METRICS, POOL, SETTINGS, STORE_PROBE
 from satgate_mcp.metrics import CONTENT_TYPE
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport.edge import host_origin_refusal, refusal_answer
+from satgate_mcp.transport.answers import refusal_answer
+from satgate_mcp.transport.checks import host_origin_refusal
 from satgate_mcp.transport.rules import Refusal, bearer_challenge
 
 METRICS_UNAUTHORIZED = Refusal(401, "unauthorized",

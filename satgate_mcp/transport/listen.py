@@ -15,9 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import structlog
+
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
-from satgate_mcp.subscriptions import Origin
+from satgate_mcp.subscriptions import Origin, Subscriptions
 from satgate_mcp.transport.stateless_rules import META_SUBSCRIPTION_ID
 
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
@@ -30,6 +32,8 @@ FLAG_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
 RESOURCE_UPDATED = "notifications/resources/updated"
 MAX_QUEUED = 1000
 MAX_RESOURCE_SUBSCRIPTIONS = 100
+
+log = structlog.get_logger("satgate_mcp.transport")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,16 @@ def requested_filter(params: JsonObj | None) -> tuple[set[str], list[str]] | str
 def honoured_lists(flags: Iterable[str], capabilities: JsonObj) -> frozenset[str]:
     """The list notifications the gateway can send: an upstream must offer that kind at all."""
     return frozenset(LIST_FLAGS[f] for f in flags if f == "toolsListChanged" or FLAG_CAPABILITY[f] in capabilities)
+
+
+async def subscribe_uri(subscriptions: Subscriptions, key: str, uri: str) -> bool:
+    """One URI of a listen stream, subscribed upstream (reference-counted with the 2025 sessions')."""
+    try:
+        reply = await subscriptions.subscribe(key, {"uri": uri})
+    except Exception as exc:  # an upstream that cannot subscribe: the URI is left out of the acknowledgement
+        log.info("listen_subscribe_failed", uri=uri[:200], error=type(exc).__name__)
+        return False
+    return "error" not in reply
 
 
 def stamped(message: JsonObj, subscription_id: RequestId) -> JsonObj:

@@ -15,7 +15,8 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome, Identity
 from satgate_mcp.errors import STORE_RETRY_AFTER_SECONDS
 from satgate_mcp.jsonrpc import JsonObj, RequestId
-from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy, is_valid_session_id_syntax
+from satgate_mcp.session_ids import is_valid_session_id_syntax
+from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy
 
 #: Revisions served by the Streamable HTTP transport at /mcp, oldest first.
 STREAMABLE_VERSIONS: tuple[str, ...] = ("2025-03-26", "2025-06-18", "2025-11-25")

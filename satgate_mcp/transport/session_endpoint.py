@@ -1,8 +1,9 @@
 """Streamable HTTP at /mcp (revisions 2025-03-26, 2025-06-18, 2025-11-25).
 
 Each verb walks a fixed ladder: checks, body, classify, principal, session, run. The decisions are
-pure functions in ``rules``, the steps that meet the outside are the shared ``Edge``; the first
-refusal is the answer. Sessions are found, or rebuilt from the verified token (resume), by the edge.
+pure functions in ``rules``; the steps that meet the outside are shared with the other transports:
+``checks`` (Host/Origin, body, principal), the ``session_gate`` (sessions found, or rebuilt from the
+verified token: resume) and the ``call_runner``. The first refusal is the answer.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from functools import partial
 from aiohttp import web
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import Session
 from satgate_mcp.transport import rules, stateless_rules
+from satgate_mcp.transport.answers import json_answer, refusal_answer, rejected_answer
 from satgate_mcp.transport.call_answer import CallStream
-from satgate_mcp.transport.edge import Edge, json_answer, refusal_answer, rejected_answer
+from satgate_mcp.transport.call_runner import CallRunner
+from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Post, Refusal, Rejected
+from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import StandaloneStream
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 
@@ -32,17 +37,21 @@ EVENT_ID_VERSIONS = frozenset({"2025-11-25"})
 
 
 class SessionEndpoint:
-    def __init__(self, edge: Edge, standalone: StandaloneStream | None = None, *,
-                 keepalive_seconds: float | None = None, modern: StatelessEndpoint | None = None,
-                 replay: ReplayBook | None = None, poll_seconds: float = 0.0) -> None:
+    def __init__(self, checks: RequestChecks, gate: SessionGate, runner: CallRunner, dispatcher: Dispatcher,
+                 standalone: StandaloneStream | None = None, *, keepalive_seconds: float | None = None,
+                 modern: StatelessEndpoint | None = None, replay: ReplayBook | None = None,
+                 poll_seconds: float = 0.0) -> None:
         """``replay``: where 2025-11-25 answer streams are kept so a client can resume one (None: not resumable);
         ``poll_seconds``: how long such a stream may stay quiet before it is closed for the client to resume."""
-        self._edge = edge
+        self._checks = checks
+        self._gate = gate
+        self._runner = runner
+        self._dispatcher = dispatcher
         self._poll = poll_seconds
         self._standalone = standalone
         self._replay = replay
         self._keepalive = KEEPALIVE_SECONDS if keepalive_seconds is None else keepalive_seconds
-        self._modern = modern or StatelessEndpoint(edge, keepalive_seconds=self._keepalive)
+        self._modern = modern or StatelessEndpoint(checks, runner, dispatcher, keepalive_seconds=self._keepalive)
 
     def add_routes(self, app: web.Application, path: str = "/mcp") -> None:
         app.router.add_post(path, self.post)
@@ -56,33 +65,33 @@ class SessionEndpoint:
         """The session's server-to-client stream; without one (405) nothing is created."""
         if self._standalone is not None:
             return await self._standalone.get(request)
-        return refusal_answer(self._edge.check_host_origin(request) or rules.GET_NOT_ALLOWED)
+        return refusal_answer(self._checks.check_host_origin(request) or rules.GET_NOT_ALLOWED)
 
     async def other(self, request: web.Request) -> web.StreamResponse:
         """PUT, PATCH, ...: still a JSON-RPC body, so a client shows the reason."""
         return refusal_answer(rules.METHOD_NOT_ALLOWED)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
-        edge = self._edge
-        refusal = edge.check_host_origin(request)
+        refusal = self._checks.check_host_origin(request)
         if refusal:
             return refusal_answer(refusal)
-        session = await edge.named_session(request, may_resume=False)
+        gate = self._gate
+        session = await gate.named_session(request, may_resume=False)
         if isinstance(session, Refusal):
             return refusal_answer(session)
-        await edge.delete_session(session)
+        await gate.delete_session(session)
         return web.Response(status=200, headers={SESSION_HEADER: session.id})
 
     async def post(self, request: web.Request) -> web.StreamResponse:
-        edge = self._edge
+        checks = self._checks
         # checks
-        refusal = (edge.check_host_origin(request)
+        refusal = (checks.check_host_origin(request)
                    or rules.check_content_type(request.headers.get("Content-Type"))
                    or rules.check_accept(request.headers.get("Accept")))
         if refusal:
             return refusal_answer(refusal)
         # body
-        raw = await edge.read_body(request)
+        raw = await checks.read_body(request)
         if isinstance(raw, Refusal):
             return refusal_answer(raw)
         # classify
@@ -108,30 +117,30 @@ class SessionEndpoint:
         if refusal:
             return refusal_answer(refusal, post.first_id)
         # principal
-        principal = await edge.principal(request)
+        principal = await checks.principal(request)
         if isinstance(principal, Refusal):
             return refusal_answer(principal, post.first_id)
         # session
-        session = await edge.find_session(request, principal, session_id, may_resume=True)
+        session = await self._gate.find_session(request, principal, session_id, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session, post.first_id)
         refusal = (rules.check_batch(post.is_batch, session.protocol_version)
-                   or edge.scope_refusal(principal, post.requests))
+                   or checks.scope_refusal(principal, post.requests))
         if refusal:
             return refusal_answer(refusal, post.first_id)
         # run
         return await self._run(request, session, post)
 
     async def _initialize(self, request: web.Request, init: jsonrpc.Request) -> web.StreamResponse:
-        principal = await self._edge.principal(request)
+        principal = await self._checks.principal(request)
         if isinstance(principal, Refusal):
             return refusal_answer(principal, init.id)
         version = rules.negotiate_version((init.params or {}).get("protocolVersion"))
-        session = self._edge.open_session(principal, version, init.params)
+        session = self._gate.open_session(principal, version, init.params)
         if isinstance(session, Refusal):
             return refusal_answer(session, init.id)
         request[SESSION_ID] = session.id
-        body = jsonrpc.result_response(init.id, self._edge.initialize_result(version))
+        body = jsonrpc.result_response(init.id, self._dispatcher.initialize_result(version))
         return json_answer(body, headers={SESSION_HEADER: session.id, VERSION_HEADER: version})
 
     async def _run(self, request: web.Request, session: Session, post: Post) -> web.StreamResponse:
@@ -140,21 +149,22 @@ class SessionEndpoint:
         A batch answers as one JSON array (no stream: requests to the client are refused for it); a
         single call answers on its own stream when the client reads one, else as JSON.
         """
+        runner = self._runner
         for message in post.messages:
             if isinstance(message, jsonrpc.Notification):
-                self._edge.on_notification(session, message)
+                runner.on_notification(session, message)
             elif isinstance(message, jsonrpc.Response):
-                self._edge.on_response(session, message)
+                runner.on_response(session, message)
         requests = post.requests
         headers = {SESSION_HEADER: session.id}
         if not requests:
             return web.Response(status=202, headers=headers)
         if post.is_batch:
-            return json_answer(await self._edge.run_batch(session, requests), headers=headers)
+            return json_answer(await runner.run_batch(session, requests), headers=headers)
         single = requests[0]
         if not rules.accepts(request.headers.get("Accept"), "text/event-stream"):
-            relay = self._edge.relay(session, _nowhere, streaming=False)
-            reply = await self._edge.run(session, single, relay)
+            relay = runner.relay(session, _nowhere, streaming=False)
+            reply = await runner.run(session, single, relay)
             status, extra = rules.reply_status(reply)
             return json_answer(reply, status, headers={**headers, **extra})
         return await self._stream(request, session, single, headers)
@@ -162,14 +172,14 @@ class SessionEndpoint:
     async def _stream(self, request: web.Request, session: Session, call: jsonrpc.Request,
                       headers: dict[str, str]) -> web.StreamResponse:
         """What the upstream says during the call, then its answer: one stream, prepared only once admitted."""
-        edge = self._edge
+        gate, runner = self._gate, self._runner
         stream = CallStream(request, headers, event_ids=session.protocol_version in EVENT_ID_VERSIONS,
                             stream_quiet=True, replay=self._replay, session_id=session.id, poll=self._poll,
-                            owed=partial(edge.owed, session, call), owes=partial(edge.owes, session, call))
-        relay = self._edge.relay(session, stream.emit, streaming=True, pause=stream.pause)
+                            owed=partial(gate.owed, session, call), owes=partial(gate.owes, session, call))
+        relay = runner.relay(session, stream.emit, streaming=True, pause=stream.pause)
         stop_keeping_alive = stream.keep_alive_later(relay.admitted, self._keepalive)
         try:
-            reply = await self._edge.run(session, call, relay)
+            reply = await runner.run(session, call, relay)
         except BaseException:
             stream.end()
             raise

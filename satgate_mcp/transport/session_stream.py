@@ -23,10 +23,12 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import Origin, SubscriptionTable
 from satgate_mcp.transport import rules
+from satgate_mcp.transport.answers import refusal_answer
 from satgate_mcp.transport.call_answer import SSE_HEADERS
-from satgate_mcp.transport.edge import Edge, refusal_answer
+from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.replay import CallLog, ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Refusal
+from satgate_mcp.transport.session_gate import SessionGate
 
 KEEPALIVE_SECONDS = 15.0
 #: Messages waiting for a slow reader; past this the stream is cut rather than growing without bound.
@@ -137,7 +139,7 @@ class StreamHub:
         for session_id in recipients(method, params, frozenset(self._streams), self._subscriptions, origin):
             stream = self._streams[session_id]
             if method == TOOLS_CHANGED:  # told now, so it is not owed again ahead of the next answer
-                stream.session.tools_seen = self._tools_version()
+                stream.session.saw_tools(self._tools_version())
             stream.deliver(message)
 
 
@@ -149,9 +151,11 @@ def _connected(request: web.Request) -> bool:
 class StandaloneStream:
     """``GET /mcp``: the same checks as any request, then the session's stream until it ends."""
 
-    def __init__(self, edge: Edge, hub: StreamHub, replay: ReplayBook | None = None) -> None:
+    def __init__(self, checks: RequestChecks, gate: SessionGate, hub: StreamHub,
+                 replay: ReplayBook | None = None) -> None:
         """``replay``: the answer streams a ``Last-Event-ID`` may resume (None: a GET always opens a new stream)."""
-        self._edge = edge
+        self._checks = checks
+        self._gate = gate
         self._hub = hub
         self._replay = replay
 
@@ -165,8 +169,7 @@ class StandaloneStream:
         await self._hub.all_released()
 
     async def get(self, request: web.Request) -> web.StreamResponse:
-        edge = self._edge
-        refusal = edge.check_host_origin(request) or (SHUTTING_DOWN if self._hub.closing else None)
+        refusal = self._checks.check_host_origin(request) or (SHUTTING_DOWN if self._hub.closing else None)
         if refusal is None and not rules.accepts(request.headers.get("Accept"), "text/event-stream"):
             refusal = NOT_ACCEPTABLE
         session_id = request.headers.get(SESSION_HEADER)
@@ -174,7 +177,7 @@ class StandaloneStream:
                    or rules.check_protocol_header(request.headers.get(VERSION_HEADER)))
         if refusal:
             return refusal_answer(refusal)
-        session = await edge.named_session(request, may_resume=True)
+        session = await self._gate.named_session(request, may_resume=True)
         if isinstance(session, Refusal):
             return refusal_answer(session)
         found = self._replay.find(session.id, request.headers.get("Last-Event-ID")) if self._replay else None
@@ -206,7 +209,7 @@ class StandaloneStream:
                 try:
                     await asyncio.wait_for(more.wait(), KEEPALIVE_SECONDS)
                 except TimeoutError:
-                    self._edge.touch(session)
+                    self._gate.touch(session)
                     await response.write(b": keepalive\n\n")
             await response.write_eof()
         except (ConnectionError, asyncio.CancelledError):
@@ -226,7 +229,7 @@ class StandaloneStream:
                 try:
                     item = await asyncio.wait_for(stream.queue.get(), KEEPALIVE_SECONDS)
                 except TimeoutError:
-                    self._edge.touch(session)  # an open stream is not an idle session
+                    self._gate.touch(session)  # an open stream is not an idle session
                     await response.write(b": keepalive\n\n")
                     continue
                 if item is None:

@@ -14,13 +14,17 @@ import structlog
 from aiohttp import web
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID
 from satgate_mcp.sessions import CloseReason, Session
 from satgate_mcp.transport import rules
-from satgate_mcp.transport.edge import Edge, refusal_answer, rejected_answer, sse_event
+from satgate_mcp.transport.answers import refusal_answer, rejected_answer, sse_event
+from satgate_mcp.transport.call_runner import CallRunner
+from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.rules import Refusal, Rejected
+from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import StreamHub
 
 LEGACY_VERSION = "2024-11-05"
@@ -40,12 +44,16 @@ class _Stream:
 
 
 class LegacySseTransport:
-    def __init__(self, edge: Edge, hub: StreamHub | None = None) -> None:
+    def __init__(self, checks: RequestChecks, gate: SessionGate, runner: CallRunner, dispatcher: Dispatcher,
+                 hub: StreamHub | None = None) -> None:
         """``hub``: where the pool's notices (list changes, updates of subscribed resources) reach open streams.
 
-        Auth, Host/Origin checks, sessions and calls are the same edge as /mcp: reused, not restated.
+        Auth, Host/Origin checks, sessions and calls are the same pieces as /mcp's: reused, not restated.
         """
-        self._edge = edge
+        self._checks = checks
+        self._gate = gate
+        self._runner = runner
+        self._dispatcher = dispatcher
         self._hub = hub
         self._streams: dict[str, _Stream] = {}
         self._none_open = asyncio.Event()
@@ -67,16 +75,16 @@ class LegacySseTransport:
         await self._none_open.wait()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._edge.check_host_origin(request)
+        refusal = self._checks.check_host_origin(request)
         if refusal:
             return refusal_answer(refusal)
-        principal = await self._edge.principal(request)
+        principal = await self._checks.principal(request)
         if isinstance(principal, Refusal):
             return refusal_answer(principal)
-        session = self._edge.open_session(principal, LEGACY_VERSION)
+        session = self._gate.open_session(principal, LEGACY_VERSION)
         if isinstance(session, Refusal):
             return refusal_answer(session)
-        session.inflight += 1  # the open stream is the session: never evicted for its token's quota
+        session.call_started()  # the open stream is the session: never evicted for its token's quota
         request[SESSION_ID] = session.id
         # The stream is the session's only one: the hub's notices go into the same queue as its answers.
         opened = self._hub.open(session) if self._hub is not None else None
@@ -91,7 +99,7 @@ class LegacySseTransport:
                 try:
                     item = await asyncio.wait_for(state.queue.get(), KEEPALIVE_SECONDS)
                 except TimeoutError:
-                    self._edge.touch(state.session)  # an open stream is not an idle session
+                    self._gate.touch(state.session)  # an open stream is not an idle session
                     await response.write(b": keepalive\n\n")
                     continue
                 if item is None:
@@ -108,12 +116,12 @@ class LegacySseTransport:
                 self._none_open.set()
             for task in state.tasks:
                 task.cancel()
-            self._edge.close_session(session, CloseReason.DISCONNECTED)
+            self._gate.close_session(session, CloseReason.DISCONNECTED)
         return response
 
     async def message(self, request: web.Request) -> web.StreamResponse:
-        edge = self._edge
-        refusal = edge.check_host_origin(request) or rules.check_content_type(request.headers.get("Content-Type"))
+        checks, runner = self._checks, self._runner
+        refusal = checks.check_host_origin(request) or rules.check_content_type(request.headers.get("Content-Type"))
         if refusal:
             return refusal_answer(refusal)
         session_id = request.query.get("sessionId", "")
@@ -122,13 +130,13 @@ class LegacySseTransport:
         state = self._streams.get(session_id)
         if state is None:
             return refusal_answer(rules.SESSION_NOT_FOUND)
-        principal = await edge.principal(request)
+        principal = await checks.principal(request)
         if isinstance(principal, Refusal):
             return refusal_answer(principal)
-        found = edge.session(request, principal, session_id, may_resume=False)
+        found = self._gate.session(request, principal, session_id, may_resume=False)
         if isinstance(found, Refusal):
             return refusal_answer(found)
-        raw = await edge.read_body(request)
+        raw = await checks.read_body(request)
         if isinstance(raw, Refusal):
             return refusal_answer(raw)
         message = rules.parse_single(raw)
@@ -137,7 +145,7 @@ class LegacySseTransport:
         if isinstance(message, jsonrpc.Request):
             request[RPC_METHOD] = message.method
             # The slot is taken here, before any task exists, so a flood of messages never piles up tasks.
-            task = edge.spawn(state.session, message, partial(self._answer, state, message))
+            task = runner.spawn(state.session, message, partial(self._answer, state, message))
             if task is None:
                 self._enqueue(state, too_many_in_flight(message.id))
             else:
@@ -145,27 +153,26 @@ class LegacySseTransport:
                 task.add_done_callback(state.tasks.discard)
         elif isinstance(message, jsonrpc.Notification):
             request[RPC_METHOD] = message.method
-            edge.on_notification(state.session, message)
+            runner.on_notification(state.session, message)
         else:
             request[RPC_METHOD] = "response"
-            edge.on_response(state.session, message)
+            runner.on_response(state.session, message)
         return web.Response(status=202, text="Accepted")
 
     async def _answer(self, state: _Stream, message: jsonrpc.Request) -> None:
-        for note in self._edge.owed(state.session, message):
+        for note in self._gate.owed(state.session, message):
             self._enqueue(state, note)
         if message.method == "initialize":
-            declared = (message.params or {}).get("capabilities")
-            state.session.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
-            reply = jsonrpc.result_response(message.id, self._edge.initialize_result(LEGACY_VERSION))
+            state.session.declare(message.params)
+            reply = jsonrpc.result_response(message.id, self._dispatcher.initialize_result(LEGACY_VERSION))
         else:
             async def emit(out: JsonObj) -> bool:
                 return self._enqueue(state, out)
 
             # The one stream carries every call's traffic; ids keep the answers apart.
-            relay = self._edge.relay(state.session, emit, streaming=True)
+            relay = self._runner.relay(state.session, emit, streaming=True)
             try:
-                reply = await self._edge.run_admitted(state.session, message, relay)
+                reply = await self._runner.run_admitted(state.session, message, relay)
             finally:
                 relay.close()
         self._enqueue(state, reply)

@@ -1,11 +1,11 @@
 """2026-07-28 on the same ``/mcp``: stateless requests, each carrying its version and capabilities.
 
-The third user of the shared edge: the same Host/Origin checks, body limit, principal, in-flight
-bounds, limits, budgets and duplicate guard as a session, but no session is looked up or minted (an
-``Mcp-Session-Id`` a modern request carries is ignored). The ladder: the revision's own rules
-(``stateless_rules``), the principal, the scopes, then the call; the answer is JSON, or an SSE stream
-scoped to this one request (its progress, and log messages when its ``_meta`` asks for a level).
-Closing that stream cancels the call.
+The same ``checks`` (Host/Origin, body limit, principal, scopes) and ``call_runner`` (in-flight bounds)
+as a session, and the same limits, budgets and duplicate guard behind the dispatcher, but no session
+gate: no session is looked up or minted (an ``Mcp-Session-Id`` a modern request carries is ignored).
+The ladder: the revision's own rules (``stateless_rules``), the principal, the scopes, then the call;
+the answer is JSON, or an SSE stream scoped to this one request (its progress, and log messages when
+its ``_meta`` asks for a level). Closing that stream cancels the call.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from aiohttp import web
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import token_hash
+from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
 from satgate_mcp.transport import listen, mrtr, rules, stateless_rules
+from satgate_mcp.transport.answers import json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.call_answer import SSE_HEADERS, CallStream
-from satgate_mcp.transport.edge import Edge, Principal, json_answer, refusal_answer, sse_event
+from satgate_mcp.transport.call_runner import CallRunner
+from satgate_mcp.transport.checks import Principal, RequestChecks
 from satgate_mcp.transport.listen import Listeners
 from satgate_mcp.transport.relay import Emit
 from satgate_mcp.transport.rules import Refusal
@@ -39,9 +42,12 @@ CLOSE_WAIT_SECONDS = 5.0
 
 
 class StatelessEndpoint:
-    def __init__(self, edge: Edge, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 listeners: Listeners | None = None, flows: mrtr.Flows | None = None) -> None:
-        self._edge = edge
+    def __init__(self, checks: RequestChecks, runner: CallRunner, dispatcher: Dispatcher, *,
+                 keepalive_seconds: float = KEEPALIVE_SECONDS, listeners: Listeners | None = None,
+                 flows: mrtr.Flows | None = None) -> None:
+        self._checks = checks
+        self._runner = runner
+        self._dispatcher = dispatcher
         self._keepalive = keepalive_seconds
         self.listeners = listeners if listeners is not None else Listeners()
         self._flows = flows if flows is not None else mrtr.Flows([])
@@ -62,24 +68,24 @@ class StatelessEndpoint:
         if self.listeners.closing:
             return refusal_answer(SHUTTING_DOWN, message.id)
         flags, uris = asked
-        edge = self._edge
+        limiter, subscriptions = self._runner.limiter, self._dispatcher.subscriptions
         # An open stream holds an in-flight slot like a call: one token cannot hold connections without bound.
-        if not edge.limiter.try_acquire(principal.quota_key):
+        if not limiter.try_acquire(principal.quota_key):
             return json_answer(too_many_in_flight(message.id))
-        capabilities = edge.capabilities()
+        capabilities = self._dispatcher.capabilities()
         lists = listen.honoured_lists(flags, capabilities)
         listener = self.listeners.open(message.id, listen.ListenFilter(lists))
         try:
             subscribable = isinstance(capabilities.get("resources"), dict) and bool(
                 capabilities["resources"].get("subscribe"))
             readable = [u for u in uris if subscribable and principal.identity.allows_resource(u)]
-            subscribed = [u for u in readable if await edge.subscribe_resource(listener.key, u)]
+            subscribed = [u for u in readable if await listen.subscribe_uri(subscriptions, listener.key, u)]
             listener.filter = listen.ListenFilter(lists, frozenset(subscribed))
             return await self._serve_listen(request, listener)
         finally:
             self.listeners.release(listener)
-            edge.release_subscriptions(listener.key)
-            edge.limiter.release(principal.quota_key)
+            subscriptions.end_session(listener.key)
+            limiter.release(principal.quota_key)
 
     async def _serve_listen(self, request: web.Request, listener: listen.Listener) -> web.StreamResponse:
         response = web.StreamResponse(headers=dict(SSE_HEADERS))
@@ -114,19 +120,19 @@ class StatelessEndpoint:
         refusal = stateless_rules.modern_refusal(message, request.headers)
         if refusal:
             return refusal_answer(refusal, request_id)
-        edge = self._edge
-        principal = await edge.principal(request)
+        checks = self._checks
+        principal = await checks.principal(request)
         if isinstance(principal, Refusal):
             return refusal_answer(principal, request_id)
         if not isinstance(message, jsonrpc.Request):
             return web.Response(status=202)  # no client notification is defined on HTTP: accepted, ignored
         request[RPC_METHOD] = message.method
-        refusal = edge.scope_refusal(principal, [message]) or self._param_headers(request, message)
+        refusal = checks.scope_refusal(principal, [message]) or self._param_headers(request, message)
         if refusal:
             return refusal_answer(refusal, message.id)
         if message.method == "server/discover":
             return json_answer(jsonrpc.result_response(message.id, self._complete(
-                message.method, edge.discover_result(list(stateless_rules.ADVERTISED_VERSIONS)))))
+                message.method, self._dispatcher.discover_result(list(stateless_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":
             return await self._listen(request, principal, message)
         return await self._run(request, principal, message, meta_of(message.params) or {})
@@ -136,12 +142,12 @@ class StatelessEndpoint:
             return None
         params = message.params or {}
         name = params.get("name")
-        schema = self._edge.tool_schema(name) if isinstance(name, str) else None
+        schema = self._dispatcher.tool_schema(name) if isinstance(name, str) else None
         return stateless_rules.param_header_refusal(schema, params.get("arguments"), request.headers)
 
     def _complete(self, method: str, result: JsonObj) -> JsonObj:
-        return stateless_rules.complete_result(method, result, cache_scope=self._edge.cache_scope,
-                                            server_info=self._edge.server_info)
+        return stateless_rules.complete_result(method, result, cache_scope=self._checks.cache_scope,
+                                               server_info=self._dispatcher.server_info)
 
     def _shaped(self, method: str, reply: JsonObj) -> tuple[JsonObj, int]:
         """The reply in the revision's shape, and its HTTP status (an unknown method is 404)."""
@@ -215,7 +221,7 @@ class StatelessEndpoint:
         if resume is not None:
             params = without_input_fields(params)
         call = jsonrpc.Request(message.id, message.method, params)
-        flow.start(asyncio.ensure_future(self._edge.run(principal, call, relay)))
+        flow.start(asyncio.ensure_future(self._runner.run(principal, call, relay)))
         return flow
 
     async def _ask(self, flow: mrtr.Flow, stream: CallStream, streams: bool,

@@ -26,7 +26,8 @@ from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import add_caveats, mint_token
 from satgate_mcp.events import SESSION_CLOSE, SESSION_CONNECT, RecordingPublisher
 from satgate_mcp.keys import METRICS, POOL, REGISTRY, RESUMES_SESSIONS
-from satgate_mcp.sessions import SessionRegistry, make_session_id, session_id_matches_token
+from satgate_mcp.session_ids import make_session_id, session_id_matches_token
+from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.answers import decode_answer

@@ -35,7 +35,8 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.keys import INFLIGHT, REGISTRY
-from satgate_mcp.sessions import SessionRegistry, make_session_id
+from satgate_mcp.session_ids import make_session_id
+from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.base import ProgressCallback
 from tests.answers import read_answer

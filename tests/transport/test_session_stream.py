@@ -21,7 +21,8 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SubscriptionTable
-from satgate_mcp.transport.edge import Edge
+from satgate_mcp.transport.checks import RequestChecks
+from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import MAX_QUEUED, OpenStream, StandaloneStream, StreamHub
 from satgate_mcp.upstream.base import ProgressCallback
 from tests.answers import stream_messages
@@ -201,7 +202,8 @@ async def test_shutdown_waits_until_every_open_stream_has_ended() -> None:
     hub = StreamHub(SubscriptionTable(), lambda: 0)
     stream = hub.open(Session("s", "h", Identity(token_id="t"), VERSION, 0.0, 0.0))
     assert stream is not None
-    ending = asyncio.ensure_future(StandaloneStream(cast(Edge, None), hub).end_streams(web.Application()))
+    standalone = StandaloneStream(cast(RequestChecks, None), cast(SessionGate, None), hub)
+    ending = asyncio.ensure_future(standalone.end_streams(web.Application()))
     assert await stream.queue.get() is None  # told to end ...
     assert not ending.done()  # ... and shutdown goes on only once it has
     hub.release(stream)
