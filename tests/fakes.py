@@ -26,7 +26,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SHARED, Scope
 from satgate_mcp.upstream.base import Caller, ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
-from satgate_mcp.upstream.pool import unlisted_tool
+from satgate_mcp.upstream.surface import unlisted_tool
 
 
 async def until(condition: Callable[[], bool]) -> None:
