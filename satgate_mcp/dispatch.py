@@ -23,7 +23,7 @@ from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
 from satgate_mcp.subscriptions import Scope, Subscriptions
-from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
+from satgate_mcp.upstream.base import CALLER, Caller, Notice, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 from satgate_mcp.visibility import allows, named_target, visible_listing
 
@@ -31,8 +31,19 @@ log = structlog.get_logger("satgate_mcp.dispatch")
 
 
 class Pool(Protocol):
-    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it."""
+    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it.
 
+    The first four are what the app (``create_app``) calls: the pool's lifecycle and its links to sessions.
+    """
+
+    async def start(self) -> None:
+        """Once, as the app starts, before it listens: start the upstreams (bounded); raising aborts start-up."""
+    async def close(self) -> None:
+        """Once, as the app cleans up after a started pool: stop every upstream; a failure is logged, not raised."""
+    def listen(self, listener: Notice) -> None:
+        """Once, as the app is assembled: the one listener for merged list changes and resource updates."""
+    def session_ended(self, session_id: str) -> None:
+        """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
     def readiness(self) -> dict[str, bool]: ...
     def failures(self) -> dict[str, dict[str, str]]:
         """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
