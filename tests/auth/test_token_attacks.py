@@ -19,8 +19,9 @@ from pymacaroons.macaroon import MACAROON_V2
 from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator, TokenInvalid
 from satgate_mcp.auth.caveats import MAX_PREDICATE_BYTES, DepthCaveat, parse_caveat, split_predicate
 from satgate_mcp.auth.header import MacaroonAuthenticator
-from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, decode_identifier, mint_token, verify_signature
+from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, mint_token, verify_signature
 from satgate_mcp.auth.revocation import MemoryRevocationStore
+from satgate_mcp.auth.token_identifier import decode_identifier
 
 KEY = "the-gateways-own-root-key-0123456789abcdef"
 ATTACKER_KEY = "an-attackers-own-root-key-0123456789abcdef"
