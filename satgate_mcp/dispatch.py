@@ -8,8 +8,6 @@ shown; every request forwarded upstream passes the policy's rate limit first.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,27 +21,29 @@ from satgate_mcp.errors import GatewayError, ToolNotAllowed, UpstreamTimeout, Up
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
 from satgate_mcp.subscriptions import Scope, Subscriptions
-from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
+from satgate_mcp.upstream.base import CALLER, Caller, Notice, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
-
-TOOLS_PAGE_SIZE = 500
-#: Merged resources, templates and prompts are paged like tools, by the gateway's own cursors.
-LIST_PAGE_SIZE = TOOLS_PAGE_SIZE
-#: Upstream listings filtered by the token's caveats: method -> (what the pool lists, caveat kind).
-FILTERED_LISTS: dict[str, tuple[Kind, str]] = {
-    "resources/list": ("resources", "resource"),
-    "resources/templates/list": ("templates", "resource"),
-    "prompts/list": ("prompts", "prompt"),
-}
-RESOURCE_METHODS = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
+from satgate_mcp.visibility import allows, named_target, visible_listing
 
 log = structlog.get_logger("satgate_mcp.dispatch")
 
 
 class Pool(Protocol):
-    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it."""
+    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it.
 
+    The first four are what the app (``create_app``) calls: the pool's lifecycle and its links to sessions.
+    """
+
+    async def start(self) -> None:
+        """Once, as the app starts, before it listens: start the upstreams (bounded); raising aborts start-up."""
+    async def close(self) -> None:
+        """Once, as the app cleans up after a started pool: stop every upstream; a failure is logged, not raised."""
+    def listen(self, listener: Notice) -> None:
+        """Once, as the app is assembled: the one listener for merged list changes and resource updates."""
+    def session_ended(self, session_id: str) -> None:
+        """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
     def readiness(self) -> dict[str, bool]: ...
     def failures(self) -> dict[str, dict[str, str]]:
         """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
@@ -141,77 +141,6 @@ Handler = Callable[[Call], Awaitable[JsonObj]]
 def method_not_found(method: str) -> GatewayError:
     return GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
                         code=jsonrpc.METHOD_NOT_FOUND)
-
-
-def invalid_cursor() -> GatewayError:
-    return GatewayError("Invalid cursor", {"error": "invalid_cursor"}, code=jsonrpc.INVALID_PARAMS)
-
-
-def encode_cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
-
-
-def decode_cursor(cursor: object) -> int:
-    """Our own opaque cursors only; anything else is invalid params."""
-    if cursor is None:
-        return 0
-    try:
-        text = base64.urlsafe_b64decode(str(cursor).encode()).decode()
-        if text.startswith("o:") and int(text[2:]) >= 0:
-            return int(text[2:])
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise invalid_cursor()
-
-
-def page(items: list[JsonObj], cursor: object, size: int = TOOLS_PAGE_SIZE) -> tuple[list[JsonObj], str | None]:
-    start = decode_cursor(cursor)
-    end = start + size
-    return items[start:end], (encode_cursor(end) if end < len(items) else None)
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def named_target(method: str, params: JsonObj | None) -> tuple[str, str] | None:
-    """What a forwarded request names, as the pool routes it: ``("resource", uri)`` or ``("prompt", name)``.
-
-    A completion's ref names a prompt (``ref/prompt``) or else a resource (template) URI. None for lists.
-    """
-    params = params if isinstance(params, dict) else {}
-    if method in RESOURCE_METHODS:
-        return "resource", _text(params.get("uri"))
-    if method == "prompts/get":
-        return "prompt", _text(params.get("name"))
-    if method == "completion/complete":
-        ref = params.get("ref")
-        ref = ref if isinstance(ref, dict) else {}
-        if ref.get("type") == "ref/prompt":
-            return "prompt", _text(ref.get("name"))
-        return "resource", _text(ref.get("uri"))
-    return None
-
-
-def allows(identity: Identity, kind: str, name: str) -> bool:
-    return identity.allows_prompt(name) if kind == "prompt" else identity.allows_resource(name)
-
-
-def visible_listing(identity: Identity, method: str, reply: JsonObj) -> JsonObj:
-    """An upstream listing without the items the token may not name (unnamed items count as not allowed)."""
-    spec = FILTERED_LISTS.get(method)
-    if spec is None:
-        return reply
-    listed, kind = spec
-    key, item_key = LISTINGS[listed].key, LISTINGS[listed].names_by
-    if not (identity.prompt_filters if kind == "prompt" else identity.resource_filters):
-        return reply
-    result = reply.get("result")
-    if not isinstance(result, dict) or not isinstance(result.get(key), list):
-        return reply
-    items = [item for item in result[key]
-             if isinstance(item, dict) and allows(identity, kind, _text(item.get(item_key)))]
-    return {**reply, "result": {**result, key: items}}
 
 
 def _admitted(call: Call) -> None:

@@ -26,7 +26,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.subscriptions import SHARED, Scope
 from satgate_mcp.upstream.base import Caller, ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
-from satgate_mcp.upstream.pool import unlisted_tool
+from satgate_mcp.upstream.surface import unlisted_tool
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -38,7 +38,20 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition never became true")
 
 
-class FakePool:
+class QuietLifecycle:
+    """The app's part of the ``Pool`` protocol, for fakes without upstreams: nothing to start, close or reap."""
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def session_ended(self, session_id: str) -> None:
+        return None
+
+
+class FakePool(QuietLifecycle):
     """Tools ``echo`` (returns its text), ``progress`` (one progress step first) and ``block`` (waits on an event)."""
 
     def __init__(self, tools: list[str] | None = None) -> None:

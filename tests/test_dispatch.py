@@ -8,19 +8,12 @@ import pytest
 
 from satgate_mcp import SERVER_NAME, events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.dispatch import (
-    TOOLS_PAGE_SIZE,
-    Dispatcher,
-    Policy,
-    UnmeteredPolicy,
-    decode_cursor,
-    encode_cursor,
-    page,
-)
+from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy
 from satgate_mcp.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.paging import TOOLS_PAGE_SIZE, decode_cursor, encode_cursor, page
 from satgate_mcp.upstream.base import ProgressCallback
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 from tests.fakes import AllowAllPolicy, FakePool

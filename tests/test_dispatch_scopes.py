@@ -11,13 +11,14 @@ import pytest
 
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy, named_target, visible_listing
+from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
 from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.visibility import named_target, visible_listing
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
 
 SESSION = "mcp-session"

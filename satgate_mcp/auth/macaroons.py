@@ -1,8 +1,8 @@
 """Macaroon bearer tokens: identity in the signed identifier, restrictions in first-party caveats.
 
-The identifier is versioned JSON (``{"v":1,"token_id":...}``) chosen by whoever holds the root key;
-changing a byte of it breaks the signature, so no holder can re-point a token at another id,
-budget or tenant. Caveats (caveats.py) can only be appended, and each one only restricts; an
+The identifier (token_identifier.py) is versioned JSON (``{"v":1,"token_id":...}``) chosen by whoever
+holds the root key; changing a byte of it breaks the signature, so no holder can re-point a token at
+another id, budget or tenant. Caveats (caveats.py) can only be appended, and each one only restricts; an
 unknown or third-party caveat fails verification (fail closed).
 
 Anyone can mint a macaroon with a key of their own, so nothing a token says is interpreted before its
@@ -13,7 +13,6 @@ can backtrack on them).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -34,100 +33,19 @@ from satgate_mcp.auth.caveats import (
     parse_caveat,
     restriction_caveats,
 )
-from satgate_mcp.auth.revocation import check_token_id, is_valid_token_id
+from satgate_mcp.auth.revocation import check_token_id
+from satgate_mcp.auth.token_identifier import (
+    MAX_CHAIN,
+    MAX_IDENTIFIER_BYTES,
+    TokenIdentifier,
+    decode_identifier,
+    encode_identifier,
+)
 
 LOCATION = "satgate-mcp"
-IDENTIFIER_VERSION = 1
 #: Longer bearers are refused before any parsing: a real token is a few hundred characters.
 MAX_TOKEN_CHARS = 8192
 MAX_CAVEATS = 64
-MAX_CHAIN = 32
-#: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
-MAX_IDENTIFIER_BYTES = 6144
-
-_IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
-
-
-# --- identifier ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TokenIdentifier:
-    """What the root key holder said about the token; signed, never changed by a holder."""
-
-    token_id: str
-    budget_id: str | None = None
-    tenant: str | None = None
-    #: Root of the delegation chain first, the direct parent last.
-    ancestors: tuple[str, ...] = ()
-    depth: int = 0
-    issued_at: int | None = None
-
-    @property
-    def parent_id(self) -> str | None:
-        return self.ancestors[-1] if self.ancestors else None
-
-
-def encode_identifier(ident: TokenIdentifier) -> bytes:
-    body: dict[str, Any] = {"v": IDENTIFIER_VERSION, "token_id": ident.token_id}
-    if ident.budget_id is not None:
-        body["budget_id"] = ident.budget_id
-    if ident.tenant is not None:
-        body["tenant"] = ident.tenant
-    if ident.ancestors:
-        body["ancestors"] = list(ident.ancestors)
-    if ident.depth:
-        body["depth"] = ident.depth
-    if ident.issued_at is not None:
-        body["issued_at"] = ident.issued_at
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
-
-
-def _opt_id(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not is_valid_token_id(value):
-        raise TokenInvalid(f"malformed identifier field {key}")
-    return value
-
-
-def decode_identifier(raw: bytes) -> TokenIdentifier:
-    """Strict: an unknown version or field is refused rather than half-understood."""
-    # A valid identifier is one flat object with at most one list (ids hold no brackets): anything nested
-    # deeper is refused before the JSON parser could recurse on it.
-    if len(raw) > MAX_IDENTIFIER_BYTES or raw.count(b"{") > 1 or raw.count(b"[") > 1:
-        raise TokenInvalid("malformed identifier")
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise TokenInvalid("malformed identifier") from None
-    if not isinstance(body, dict) or body.get("v") != IDENTIFIER_VERSION or not body.keys() <= _IDENTIFIER_FIELDS:
-        raise TokenInvalid("unsupported identifier")
-    token_id = _opt_id(body, "token_id")
-    if token_id is None:
-        raise TokenInvalid("identifier has no token id")
-    ancestors = body.get("ancestors", [])
-    if (
-        not isinstance(ancestors, list)
-        or len(ancestors) > MAX_CHAIN
-        or not all(isinstance(a, str) and is_valid_token_id(a) for a in ancestors)
-    ):
-        raise TokenInvalid("malformed identifier field ancestors")
-    depth = body.get("depth", 0)
-    if type(depth) is not int or not 0 <= depth <= MAX_CHAIN:
-        raise TokenInvalid("malformed identifier field depth")
-    issued_at = body.get("issued_at")
-    if issued_at is not None and type(issued_at) is not int:
-        raise TokenInvalid("malformed identifier field issued_at")
-    return TokenIdentifier(
-        token_id=token_id,
-        budget_id=_opt_id(body, "budget_id"),
-        tenant=_opt_id(body, "tenant"),
-        ancestors=tuple(ancestors),
-        depth=depth,
-        issued_at=issued_at,
-    )
 
 
 # --- parsing, minting, verifying -----------------------------------------------------------------
@@ -410,9 +328,7 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
 __all__ = [
     "SIGNATURE_MISMATCH",
     "SIGNATURE_MISMATCH_HINT",
-    "TokenIdentifier",
     "add_caveats",
-    "decode_identifier",
     "inspect_token",
     "mint_token",
     "parse_token",

@@ -43,6 +43,16 @@ SHARED: Scope = frozenset()
 Origin = tuple[str, str]
 
 
+class Notice(Protocol):
+    """What the pool tells its listener: a merged list changed, or a resource was updated.
+
+    ``origin`` names the isolated upstream's child an update came from (upstream, owner): it is
+    for the sessions subscribed on that child only. None: from a shared upstream.
+    """
+
+    def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
+
+
 @runtime_checkable
 class Relay(Protocol):
     """A call's way back to the client that made it; calling it delivers progress like any ProgressCallback.

@@ -4,87 +4,44 @@ One MCP session upstream serves every client session. Replies may come as one JS
 as a ``text/event-stream`` that first carries the request's progress and other notifications.
 When the upstream forgets our session (404), we initialize a new one and retry once: many
 servers drop sessions on restart, and a client that recovers by itself is what they expect.
+
+This module keeps the session (handshake, renewal, reconnects, the long-lived listen streams);
+how one exchange is sent and its answer read is http_channel.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import aiohttp
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import Publisher
-from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
-from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
+from satgate_mcp.upstream.connection import encode_message
+from satgate_mcp.upstream.http_channel import HttpChannel
+from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers, status_problem
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
     MODERN_PROTOCOL_VERSION,
     RestartPolicy,
-    SseDecoder,
     check_initialize_result,
-    clip,
     discover_params,
     discover_timeout,
     discovered_result,
     initialize_params,
     listen_params,
-    modern_headers,
     restart_plan,
-    resume_delay,
 )
 
-#: Resumptions of a paused call stream in a row that may bring nothing new before the call fails.
-RESUME_ATTEMPTS = 3
-#: Largest JSON body accepted from an upstream.
-MAX_BODY = 64 * 1024 * 1024
-#: Headers the gateway sets itself; configured headers cannot replace them.
-PROTOCOL_HEADERS = frozenset({"accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id",
-                              "mcp-method", "mcp-name"})
-JSON_AND_SSE = "application/json, text/event-stream"
 
-
-def request_headers(
-    configured: Mapping[str, str],
-    *,
-    accept: str,
-    session_id: str | None,
-    protocol_version: str | None,
-    json_body: bool,
-) -> dict[str, str]:
-    """The operator's headers (the upstream's own credentials) plus the protocol's, which win."""
-    headers = {k: v for k, v in configured.items() if k.lower() not in PROTOCOL_HEADERS}
-    headers["Accept"] = accept
-    if json_body:
-        headers["Content-Type"] = "application/json"
-    if session_id:
-        headers["Mcp-Session-Id"] = session_id
-    if protocol_version:
-        headers["MCP-Protocol-Version"] = protocol_version
-    return headers
-
-
-def status_problem(status: int, *, had_session: bool) -> str:
-    """Why an HTTP status without a JSON-RPC reply means the upstream cannot serve the call."""
-    if status == 200:
-        return "closed its answer before replying"
-    if status == 202:
-        return "accepted the request without replying"
-    if status in (401, 403):
-        return f"refused the gateway's credentials (HTTP {status}); check this upstream's headers"
-    if status == 404:
-        return "forgot the session again right after it was renewed" if had_session else "has no MCP endpoint here"
-    return f"answered HTTP {status}"
-
-
-class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
+class HttpUpstream(HttpChannel):
     def __init__(
         self,
         name: str,
@@ -97,13 +54,9 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         listen: bool = True,
     ) -> None:
         """``listen`` opens the optional GET stream that carries notifications outside any request."""
-        super().__init__(name, spec, transport="http", send=self._post_message, publisher=publisher,
-                         metrics=metrics, restart_policy=restart_policy)
+        super().__init__(name, spec, publisher=publisher, metrics=metrics, restart_policy=restart_policy)
         self._factory = client_session_factory
         self._listen_enabled = listen
-        self._http: aiohttp.ClientSession | None = None
-        self._session_id: str | None = None
-        self._protocol_version: str | None = None
         self._init_lock = asyncio.Lock()
         self._connector: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -314,117 +267,6 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
             raise self._unavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
                                     status=status)
 
-    def _headers(self, message: JsonObj) -> dict[str, str]:
-        """A POST's headers: the session's in 2025; in 2026-07-28 (and for discovery) the routing ones, no session."""
-        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
-                                  protocol_version=self._protocol_version, json_body=True)
-        if self._modern or message.get("method") == "server/discover":
-            headers.pop("Mcp-Session-Id", None)
-            headers.update(modern_headers(message))
-        return headers
-
-    async def _post(self, message: JsonObj, route: str | None = None) -> tuple[int, JsonObj | None, str | None]:
-        """POST one request: (status, the reply with its id or None, the Mcp-Session-Id header).
-
-        What the answer carries besides the reply belongs to the call ``route`` names.
-        """
-        assert self._http is not None
-        headers = self._headers(message)
-        want = message["id"]
-        try:
-            async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
-                session_id = resp.headers.get("Mcp-Session-Id")
-                if resp.content_type == "text/event-stream" and resp.status == 200:
-                    decoder = SseDecoder()
-                    reply = await self._read_stream(resp, want, route, decoder)
-                else:
-                    body = await _read_limited(resp)
-                    reply = self._take(body, want, route) if body.strip() else None
-                    if reply is None and resp.status == 200:
-                        raise self._unavailable(f"upstream {self.name!r} answered without a reply to the request")
-                    return resp.status, reply, session_id
-            resumable = decoder.last_id is not None and self._session_id is not None and not self._modern
-            if reply is None and want is not None and resumable:
-                reply = await self._resume_stream(decoder, want, route)
-            return resp.status, reply, session_id
-        except (aiohttp.ClientError, OSError) as exc:
-            why = str(exc) or type(exc).__name__
-            self._connection_lost(why)
-            # Only a failed connect proves nothing was sent; a reset or a lost reply may follow a run.
-            sent = not isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
-            raise self._unavailable(f"cannot reach upstream {self.name!r}: {why}", sent=sent) from None
-
-    async def _resume_stream(self, decoder: SseDecoder, want: RequestId, route: str | None) -> JsonObj | None:
-        """The upstream closed a call's stream before its answer (SEP-1699 polling): resume it with ``Last-Event-ID``.
-
-        The client's stream closes likewise, so it polls the gateway as it would the upstream. Gives up
-        (None) when the upstream refuses the resumption or a few resumptions in a row bring nothing new.
-        """
-        assert self._http is not None
-        await self._inbox.pause(route)
-        fruitless = 0
-        while fruitless < RESUME_ATTEMPTS:
-            await asyncio.sleep(resume_delay(decoder.retry_ms))
-            seen = decoder.last_id
-            assert seen is not None
-            headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=self._session_id,
-                                      protocol_version=self._protocol_version, json_body=False)
-            headers["Last-Event-ID"] = seen
-            async with self._http.get(self._spec.url, headers=headers) as resp:
-                if resp.status != 200 or resp.content_type != "text/event-stream":
-                    self._log.info("upstream_resume_refused", status=resp.status, last_event_id=seen[:80])
-                    return None
-                reply = await self._read_stream(resp, want, route, decoder)
-            if reply is not None:
-                return reply
-            fruitless = 0 if decoder.last_id != seen else fruitless + 1
-        return None
-
-    async def _post_message(self, message: JsonObj) -> int:
-        """POST a notification or a reply to the upstream; returns the HTTP status (202 expected)."""
-        if self._http is None:
-            raise UpstreamUnavailable(f"upstream {self.name!r} is not running")
-        headers = self._headers(message)
-        try:
-            async with self._http.post(self._spec.url, data=encode_message(message), headers=headers) as resp:
-                await _read_limited(resp)
-                return resp.status
-        except (aiohttp.ClientError, OSError) as exc:
-            raise self._unavailable(f"cannot reach upstream {self.name!r}: {exc}") from None
-
-    async def _read_stream(self, resp: aiohttp.ClientResponse, want: RequestId | None,
-                           route: str | None = None, decoder: SseDecoder | None = None) -> JsonObj | None:
-        """Handle everything on an event stream until the reply with id ``want`` arrives."""
-        decoder = decoder or SseDecoder()
-        async for chunk in resp.content.iter_any():
-            try:
-                batch = decoder.feed(chunk)
-            except ValueError as exc:
-                raise UpstreamUnavailable(f"upstream {self.name!r} sent a broken event stream: {exc}") from None
-            for event in batch:
-                if event.event != "message" or not event.data.strip():
-                    continue
-                reply = self._take(event.data.encode(), want, route)
-                if reply is not None:
-                    return reply
-        return None
-
-    def _take(self, body: bytes, want: RequestId | None, route: str | None = None) -> JsonObj | None:
-        """Route what arrived; return the reply to ``want`` when it is among it."""
-        try:
-            value: Any = json.loads(body)
-        except ValueError:
-            self._log.warning("upstream_output_not_json", body=clip(body.decode("utf-8", "replace"), 500))
-            return None
-        found = None
-        for message, item in self._sort_incoming(value, route):
-            # A null id with an error is a refusal of the whole POST: it answers ours too.
-            if want is not None and (message.id == want or (message.id is None and message.error)):
-                found = item
-            else:
-                self._log.debug("upstream_reply_unmatched", request_id=message.id)
-        return found
-
     async def _listen(self, session_id: str | None) -> None:
         """The GET stream: notifications and requests the upstream sends outside any call."""
         assert self._http is not None
@@ -494,14 +336,3 @@ class HttpUpstream(UpstreamConnection[HttpUpstreamSpec]):
         except UpstreamUnavailable as exc:
             self._log.warning("upstream_renew_failed", error=exc.message)
             self._connection_lost(exc.message)
-
-
-async def _read_limited(resp: aiohttp.ClientResponse) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_any():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise UpstreamUnavailable(f"upstream answered with more than {MAX_BODY} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

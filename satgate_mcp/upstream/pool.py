@@ -1,8 +1,8 @@
 """Every configured upstream behind one MCP surface: listing, refreshing and routing requests.
 
-The pool keeps each upstream's listings in a ``Catalog``, refreshes them when the upstream says
-its lists changed or comes back after a restart, and routes each request to the upstream that
-advertised its target.
+The pool keeps each upstream's listings in a ``Catalog`` (listings.py), refreshes them when the
+upstream says its lists changed or comes back after a restart, and routes each request to the
+upstream that advertised its target.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Protocol
 
 import structlog
 
@@ -22,21 +21,14 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Origin, ProgressCallback, Scope, Upstream
-from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, STALE_AFTER, Catalog, Kind, NameClash
+from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope, Upstream
+from satgate_mcp.upstream.catalog import ALL_LISTS, STALE_AFTER
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
+from satgate_mcp.upstream.listings import UpstreamListings
+from satgate_mcp.upstream.surface import merged_capabilities, unlisted_tool
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
-MAX_PAGES = 1000
-class Notice(Protocol):
-    """What the pool tells its listener: a merged list changed, or a resource was updated.
-
-    ``origin`` names the isolated upstream's child an update came from (upstream, owner): it is
-    for the sessions subscribed on that child only. None: from a shared upstream.
-    """
-
-    def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
 #: Upstream notifications passed on to the listener as they are (the listener decides who gets them).
 RELAYED = frozenset({"notifications/resources/updated"})
 
@@ -56,7 +48,7 @@ def make_upstream(
     return HttpUpstream(name, spec, publisher=publisher, metrics=metrics)
 
 
-class UpstreamPool:
+class UpstreamPool(UpstreamListings):
     """Typed operations over every upstream; the dispatcher decides which one a request needs."""
 
     def __init__(
@@ -71,22 +63,16 @@ class UpstreamPool:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``idle_ttl``: a client child of an isolated upstream idle this long is reaped (the session idle TTL)."""
-        self._upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl,
-                                            clock=clock) for n, s in specs.items()}
+        upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock)
+                     for n, s in specs.items()}
+        super().__init__(upstreams, list(specs), {n: s.tool_prefix for n, s in specs.items()})
         self._isolated = {n: u for n, u in self._upstreams.items() if isinstance(u, IsolatedUpstream)}
         for isolated in self._isolated.values():
             isolated.on_resource_updated = self._owned_update
         self._sweep_interval = sweep_interval
         self._sweeper: asyncio.Task[None] | None = None
-        self._order = list(specs)
         self._start_timeout = start_timeout
-        self._prefixes = {n: s.tool_prefix for n, s in specs.items()}
-        self._catalog = Catalog(self._order, self._prefixes)
-        self._locks = {name: asyncio.Lock() for name in specs}
-        self._stale: dict[str, set[Kind]] = {name: set() for name in specs}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._started = False
-        self._listener: Notice | None = None
         #: What a 2025 upstream was told that its restart forgets: the level set, the URIs subscribed on it.
         self._log_level: str | None = None
         self._subscribed: dict[str, set[str]] = {name: set() for name in specs}
@@ -198,9 +184,6 @@ class UpstreamPool:
         """The one listener for list changes and resource updates (the gateway's stream hub)."""
         self._listener = listener
 
-    def tools(self) -> list[JsonObj]:
-        return [dict(tool) for tool in self._catalog.tools]
-
     async def set_log_level(self, level: str) -> None:
         """``logging/setLevel`` to every ready shared 2025 upstream that offers logging; a failure is logged, not fatal.
 
@@ -217,11 +200,6 @@ class UpstreamPool:
             if isinstance(reply, BaseException) or "error" in reply:
                 log.warning("upstream_set_log_level_failed", upstream=name, level=level,
                             error=repr(reply) if isinstance(reply, BaseException) else reply.get("error"))
-
-    @property
-    def tools_version(self) -> int:
-        """Goes up whenever the union of tools changes, so sessions can tell they saw an older list."""
-        return self._catalog.version
 
     def owner_of_tool(self, name: str) -> str | None:
         owner = self._catalog.tool_owner(name)
@@ -292,22 +270,6 @@ class UpstreamPool:
         return await self._forward("completion/complete", params, self._candidates(owner, offering), target,
                                    on_progress)
 
-    async def listing(self, kind: Kind) -> JsonObj:
-        """The list result for one kind: tools as exposed, the others freshly fetched (they change without notice).
-
-        Fetching also updates routing. One page: merged lists carry no cursor.
-        """
-        if kind == "tools":
-            return {"tools": self.tools()}
-        listing = LISTINGS[kind]
-        names = [n for n in self._order if self._upstreams[n].ready and self._offers(n, listing.capability)]
-        pages = await asyncio.gather(*(self._fetch_all(n, listing.method, listing.key) for n in names))
-        for name, items in zip(names, pages, strict=True):
-            if items is not None:
-                self._catalog.update(name, kind, items)
-        self._log_clashes(self._rebuild())
-        return {listing.key: [dict(item) for item in self._catalog.merged(kind)]}
-
     async def _resource_request(self, method: str, params: JsonObj | None,
                                 on_progress: ProgressCallback | None) -> JsonObj:
         uri = str((params or {}).get("uri", ""))
@@ -321,10 +283,6 @@ class UpstreamPool:
         if owner is not None:
             return [owner]
         return [n for n in self._order if self._upstreams[n].ready and self._offers(n, capability)]
-
-    def _offers(self, name: str, capability: str) -> bool:
-        offered = (self._upstreams[name].initialize_result or {}).get("capabilities") or {}
-        return capability in offered
 
     async def _forward(self, method: str, params: JsonObj | None, candidates: list[str], target: str,
                        on_progress: ProgressCallback | None) -> JsonObj:
@@ -350,63 +308,7 @@ class UpstreamPool:
         assert failure is not None
         raise failure
 
-    # -- catalogs ----------------------------------------------------------------------------
-
-    async def _fetch_all(self, name: str, method: str, key: str) -> list[JsonObj] | None:
-        """Every page of one list from one upstream; None when it could not be listed."""
-        upstream = self._upstreams[name]
-        items: list[JsonObj] = []
-        cursor: Any = None
-        seen_cursors: set[Any] = set()
-        for _ in range(MAX_PAGES):
-            try:
-                reply = await upstream.request(method, {"cursor": cursor} if cursor is not None else None)
-            except GatewayError as exc:
-                log.warning("upstream_list_failed", upstream=name, method=method, error=exc.message)
-                return None
-            result = reply.get("result")
-            if not isinstance(result, dict) or not isinstance(result.get(key), list):
-                log.warning("upstream_list_failed", upstream=name, method=method, error=reply.get("error"))
-                return None
-            items += [item for item in result[key] if isinstance(item, dict)]
-            cursor = result.get("nextCursor")
-            if not isinstance(cursor, (str, int)) or cursor in seen_cursors:
-                return items
-            seen_cursors.add(cursor)
-        log.warning("upstream_list_truncated", upstream=name, method=method, pages=MAX_PAGES)
-        return items
-
-    async def _refresh(self, name: str, stale: frozenset[Kind]) -> None:
-        """Re-list what went stale; requests that pile up while one runs are served by a single next one."""
-        upstream = self._upstreams[name]
-        self._stale[name] |= stale
-        async with self._locks[name]:
-            stale, self._stale[name] = frozenset(self._stale[name]), set()
-            if not stale or not upstream.ready:
-                return
-            for kind, listing in LISTINGS.items():
-                if kind in stale and (kind == "tools" or self._offers(name, listing.capability)):
-                    items = await self._fetch_all(name, listing.method, listing.key)
-                    if items is not None:
-                        self._catalog.update(name, kind, items)
-        self._log_clashes(self._rebuild())
-
-    def _rebuild(self) -> list[NameClash]:
-        """Rebuild the catalog and announce each merged list that changed (once started)."""
-        before = self._catalog.versions()
-        clashes = self._catalog.rebuild()
-        after = self._catalog.versions()
-        if self._started and self._listener is not None:
-            for method in dict.fromkeys(ANNOUNCED[k] for k in ALL_LISTS if after[k] != before[k]):
-                self._listener(method, None)
-        return clashes
-
-    def _log_clashes(self, clashes: list[NameClash]) -> None:
-        if self._started:  # before that, start() reports clashes as a configuration error
-            for clash in clashes:
-                what = clash.kind.split()[-1]  # tool, prompt, template
-                log.error(f"upstream_{what}_clash", **{what: clash.name}, kept=clash.kept, ignored=clash.other,
-                          fix=clash.message())
+    # -- notifications: re-listing, restoring ------------------------------------------------
 
     async def _on_notification(self, name: str, method: str, params: JsonObj | None) -> None:
         if method in RELAYED:
@@ -446,53 +348,6 @@ class UpstreamPool:
         if asks:
             log.info("upstream_state_restored", upstream=name, log_level=self._log_level,
                      subscriptions=len(self._subscribed[name]))
-
-
-#: Capability -> the flags of it the gateway offers when some upstream does (its stream delivers them).
-OFFERED_FLAGS: dict[str, tuple[str, ...]] = {
-    "resources": ("subscribe", "listChanged"),
-    "prompts": ("listChanged",),
-    "completions": (),
-    "logging": (),
-}
-
-
-def merged_capabilities(results: list[JsonObj | None]) -> JsonObj:
-    """What the gateway offers, given each upstream's initialize result: the union of what they offer."""
-    caps: JsonObj = {"tools": {"listChanged": True}}
-    for result in results:
-        offered = (result or {}).get("capabilities") or {}
-        for key, flags in OFFERED_FLAGS.items():
-            if key in offered:
-                theirs = offered[key] if isinstance(offered[key], dict) else {}
-                mine = caps.setdefault(key, {})
-                mine.update({flag: True for flag in flags if theirs.get(flag) is True})
-    return caps
-
-
-def unlisted_tool(name: str, down: Mapping[str, Mapping[str, str]], prefixes: Mapping[str, str]) -> GatewayError:
-    """Why no upstream lists ``name``, as its caller should hear it.
-
-    An upstream that is down lists nothing, so its tools look unknown. When ``name`` carries the ``tool_prefix`` of
-    a down upstream (the longest such prefix) the call is for it: -32010 ``upstream_unavailable`` naming it and its
-    exit status. Otherwise the tool may be one of a down unprefixed upstream's: still -32602 ``unknown_tool``, but
-    naming who is down. The child's stderr line stays out: it is for the operator (logs, ``/readyz``), not agents.
-    """
-    owners = sorted((n for n, prefix in prefixes.items() if prefix and name.startswith(prefix)),
-                    key=lambda n: len(prefixes[n]), reverse=True)
-    if owners and owners[0] in down:  # the longest prefix names the owner, whether it is up or down
-        owner = owners[0]
-        status = down[owner].get("status", "down")
-        return UpstreamUnavailable(
-            f"Tool {name!r} belongs to upstream {owner!r}, which is down ({status}); it is restarted with backoff "
-            "and its tools are served again once it is up", {"upstream": owner, "tool": name, "status": status},
-            sent=False)
-    unprefixed = sorted(n for n in down if not prefixes.get(n))
-    if not unprefixed:
-        return UnknownTarget(f"Unknown tool: {name}", {"error": "unknown_tool", "tool": name})
-    which = ("upstream " if len(unprefixed) == 1 else "upstreams ") + ", ".join(repr(n) for n in unprefixed)
-    return UnknownTarget(f"Unknown tool: {name} (perhaps one of {which}, down: a down upstream lists no tools until "
-                         "it is back up)", {"error": "unknown_tool", "tool": name, "down": unprefixed})
 
 
 def _anonymous(reply: JsonObj) -> JsonObj:

@@ -19,7 +19,8 @@ from pymacaroons.macaroon import MACAROON_V2
 from satgate_mcp.auth.base import AuthOutcome, NoAuthenticator, StaticTokenAuthenticator, TokenInvalid
 from satgate_mcp.auth.caveats import MAX_PREDICATE_BYTES, DepthCaveat, parse_caveat, split_predicate
 from satgate_mcp.auth.header import MacaroonAuthenticator
-from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, decode_identifier, mint_token, verify_signature
+from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, mint_token, verify_signature
+from satgate_mcp.auth.token_identifier import decode_identifier
 from satgate_mcp.stores.memory import MemoryRevocationStore
 
 KEY = "the-gateways-own-root-key-0123456789abcdef"

@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from satgate_mcp import jsonrpc
 from satgate_mcp.daemon.runner import READY_WAIT_SECONDS, settled
 from satgate_mcp.errors import GatewayError, UnknownTarget, UpstreamUnavailable
-from satgate_mcp.upstream.pool import unlisted_tool
+from satgate_mcp.upstream.surface import unlisted_tool
 from tests.conftest import upstream_command
 from tests.deploy.harness import Gateways, free_port, gateway_env, mcp_session, token
 from tests.gateway_process import call_text

@@ -37,10 +37,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from satgate_mcp import SERVER_NAME, jsonrpc
 from satgate_mcp.app import create_app
-from satgate_mcp.dispatch import TOOLS_PAGE_SIZE
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.events import UPSTREAM_RESTART, FanoutPublisher, LogPublisher, RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.paging import TOOLS_PAGE_SIZE
 from satgate_mcp.settings import Settings
 from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.upstream_server import BASE_TOOLS

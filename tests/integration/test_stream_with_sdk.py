@@ -21,8 +21,8 @@ import pytest_asyncio
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from satgate_mcp.dispatch import LIST_PAGE_SIZE
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.paging import LIST_PAGE_SIZE
 from tests.conftest import HttpUpstreamProcess
 from tests.integration.test_gateway_with_sdk import (
     CALL_TIMEOUT,

@@ -23,7 +23,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.refunds import FailureKind, failure_kind
 from satgate_mcp.settings import HttpUpstreamSpec
-from satgate_mcp.upstream import http
+from satgate_mcp.upstream import http_channel
 from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION
 from satgate_mcp.upstream.http import HttpUpstream
 from tests.policy.helpers import settings
@@ -138,7 +138,7 @@ async def started(server_url: str, timeout: float = 5.0) -> HttpUpstream:
 async def test_attack_http_failures_after_the_request_was_sent_stay_charged(
         aiohttp_server: AiohttpServer, policy: CallPolicy, monkeypatch: pytest.MonkeyPatch,
         behaviour: Behaviour, kind: FailureKind, remaining: int) -> None:
-    monkeypatch.setattr(http, "MAX_BODY", 1024)
+    monkeypatch.setattr(http_channel, "MAX_BODY", 1024)
     server = await aiohttp_server(scripted_upstream(behaviour))
     upstream = await started(str(server.make_url("/mcp")))
     try:

@@ -10,7 +10,7 @@ import pytest
 from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.upstream.base import initialize_timeout
-from satgate_mcp.upstream.http import request_headers, status_problem
+from satgate_mcp.upstream.http_rules import request_headers, status_problem
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
     SseDecoder,
