@@ -123,8 +123,7 @@ class CallPolicy:
         (charge and report). ``root_key`` mints delegated children; None refuses delegation.
         ``admissions``, when the stores can, takes a guarded call's arrival and charge in one operation.
         ``store_timeout`` is the store time one call may spend in all (None: unbounded)."""
-        self._publisher = publisher
-        self._metrics = metrics
+        self._publisher, self._metrics = publisher, metrics
         self._rate = rate
         self._tool_rates = tuple(tool_rates)
         self._costs = costs
