@@ -26,8 +26,8 @@ from satgate_mcp import __version__
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
+from satgate_mcp.config_problems import format_errors, load_checked, variable_names
 from satgate_mcp.config_problems import format_settings_error as format_settings_error  # its old home
-from satgate_mcp.config_problems import load_checked, variable_names
 from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.settings import (
@@ -35,7 +35,6 @@ from satgate_mcp.settings import (
     MIN_ROOT_KEY_LENGTH,
     Settings,
     StdioUpstreamSpec,
-    format_errors,
     unknown_variables,
 )
 from satgate_mcp.stores import cli_revocations, no_cli_revocations_reason

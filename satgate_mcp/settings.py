@@ -1,7 +1,7 @@
 """Every ``SATGATE_*`` setting, validated once at start.
 
 A bad value must stop the daemon with one line naming the variable, so validators raise
-plain ``ValueError`` with readable text and ``format_errors`` turns them into that line.
+plain ``ValueError`` with readable text and ``config_problems.format_errors`` turns them into that line.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from satgate_mcp.addresses import secure_url_problem
@@ -379,10 +379,3 @@ def unknown_variables(names: Iterable[str]) -> dict[str, str | None]:
             close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
             found[name] = close[0] if close else None
     return found
-
-
-def format_errors(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:
-    """One line per problem, each naming the environment variable (or flag) to fix, what it expects, an example."""
-    from satgate_mcp.config_problems import format_errors as readable  # it reads this module's models
-
-    return readable(exc, flags)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from satgate_mcp.config_problems import format_errors
 from satgate_mcp.settings import (
     ENV_PREFIX,
     HttpUpstreamSpec,
     Settings,
     StdioUpstreamSpec,
-    format_errors,
     load_settings,
     parse_rate,
     unknown_variables,

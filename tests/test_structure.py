@@ -88,3 +88,37 @@ def test_the_app_factory_and_the_cli_are_imported_only_from_above() -> None:
                 if (name == top or name.startswith(top + ".")) and module != top and module not in allowed:
                     found.append(f"{module} imports {top}")
     assert found == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Which package modules each module imports (at any depth of the module: a lazy import counts too)."""
+    names = {name_of(path): path for path in modules(PACKAGE)}
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        found = {name for name in imported(ast.parse(path.read_text())) if name in names}
+        graph[module] = found - {module}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    graph = import_graph()
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            module, path = stack.pop()
+            for nxt in graph[module]:
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert cycles == []
+
+
+def test_the_stores_import_no_part_that_uses_them() -> None:
+    users = ("satgate_mcp.policy.engine", "satgate_mcp.auth.factory", "satgate_mcp.transport", "satgate_mcp.upstream",
+             "satgate_mcp.dispatch", "satgate_mcp.app", "satgate_mcp.cli")
+    found = [f"{module} imports {name}" for module, names in import_graph().items()
+             if module.startswith("satgate_mcp.stores") for name in names if name.startswith(users)]
+    assert found == []

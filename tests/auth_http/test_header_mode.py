@@ -37,11 +37,12 @@ from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.header import MacaroonAuthenticator
 from satgate_mcp.auth.macaroons import SIGNATURE_MISMATCH, add_caveats, mint_token
 from satgate_mcp.auth.revocation import RevocationStore
+from satgate_mcp.config_problems import format_errors
 from satgate_mcp.events import FanoutPublisher, LogPublisher, RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import REGISTRY
 from satgate_mcp.sessions import SessionRegistry
-from satgate_mcp.settings import Settings, format_errors
+from satgate_mcp.settings import Settings
 from satgate_mcp.stores.files import FileRevocationStore
 from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy, FakeClock, FakePool
