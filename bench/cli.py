@@ -86,8 +86,11 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                        help="then count instructions per call under valgrind's callgrind over this many "
                             "calls: the baseline, and the gateway in auth none and header (400 is plenty; "
                             "default 0: skipped)")
+    group.add_argument("--baseline", choices=["direct", "test-upstream"], default="direct",
+                       help="direct: the echo tool on the SDK's low-level server, JSON answers, uvicorn with uvloop "
+                            "and httptools (bench/direct.py; default); test-upstream: tests/upstream_server.py")
     group.add_argument("--baseline-json", action="store_true",
-                       help="run the baseline with --json-response (default: the SDK's SSE answers)")
+                       help="with --baseline test-upstream: run it with --json-response (default: SSE answers)")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -39,6 +39,8 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
     for round_no, target in interleave(cfg.rounds):
         progress(f"round {round_no}/{cfg.rounds}: {target}")
         report["rounds"].append(await run_target(cfg, round_no, target))
+    progress("the harness's ceiling: a no-op server answering canned JSON-RPC")
+    report["ceiling"] = await run_target(cfg, 1, "ceiling")
     progress("the stdio upstream over its own pipes (the issue's calibration row)")
     report["pipes"] = await pipes_phase(cfg)
     if cfg.paired_calls > 0:
@@ -65,6 +67,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     per_target = 12 + WARMUP_SECONDS + SEQUENTIAL_MAX_SECONDS + duration + init_seconds
     extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
     extras += 10 + WARMUP_SECONDS + duration  # the stdio upstream over its pipes
+    extras += per_target  # the ceiling
     extras += float(args.soak) + 20 if args.soak > 0 else 0
     extras += 3 * (90 + args.instructions / 10) if args.instructions > 0 else 0
     extras += 20 + args.paired_calls * 0.05 if args.paired_calls > 0 else 0
@@ -81,7 +84,8 @@ def new_report(args: argparse.Namespace, pinning: Pinning, timeout: float) -> di
         "config": {"sessions": args.sessions, "workers": args.workers, "duration": args.duration,
                    "rounds": args.rounds, "init_seconds": args.init_seconds, "idle_sessions": args.idle_sessions,
                    "sequential_calls": args.sequential_calls, "resume_samples": args.resume_samples,
-                   "baseline_json_response": args.baseline_json, "soak_seconds": args.soak,
+                   "baseline": args.baseline, "baseline_json_response": args.baseline_json,
+                   "soak_seconds": args.soak,
                    "instruction_calls": args.instructions, "paired_calls": args.paired_calls, "timeout": timeout,
                    "cpus": os.cpu_count()},
         "pinning": pinning.note, "rounds": []}
@@ -122,7 +126,7 @@ def main_compare(args: argparse.Namespace) -> int:
             cfg = CompareConfig(args.sessions, args.workers, args.duration, args.rounds, args.init_seconds,
                                 args.idle_sessions, args.sequential_calls, args.resume_samples, args.baseline_json,
                                 args.log_level, pinning, Path(workdir), args.soak, args.instructions,
-                                args.paired_calls)
+                                args.paired_calls, args.baseline)
             status = run_compare(cfg, report, timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -10,7 +10,16 @@ from typing import Any
 
 from bench.client import ACCEPT_BOTH, ACCEPT_JSON, PROGRESS_CALL, Client, McpSession, ToolCall, client_session
 from bench.load import WARMUP_SECONDS, load_phase, open_many, sequential_p50, timed_call
-from bench.processes import Auth, CallgrindGateway, CallgrindUpstream, Gateway, Pinning, Upstream, make_auth
+from bench.processes import (
+    Auth,
+    BenchServer,
+    CallgrindGateway,
+    CallgrindUpstream,
+    Gateway,
+    Pinning,
+    Upstream,
+    make_auth,
+)
 from bench.stats import TARGETS, percentile, ratio
 
 INIT_LIMIT = 50_000
@@ -41,6 +50,8 @@ class CompareConfig:
     soak_seconds: float = 0.0
     instruction_calls: int = 0
     paired_calls: int = 0
+    #: ``direct`` (bench/direct.py: the SDK's low-level server in its fastest shape) or ``test-upstream``.
+    baseline_kind: str = "direct"
 
     def gateway_env(self) -> dict[str, str]:
         """Quotas out of the way of what is measured: session-opening phases hold many sessions on few tokens."""
@@ -52,8 +63,13 @@ class CompareConfig:
         return Gateway(auth, self.log_level, self.workdir, name=name, pin_cpu=self.pinning.server_cpu,
                        extra_env=self.gateway_env())
 
-    def baseline(self) -> Upstream:
+    def baseline(self) -> Upstream | BenchServer:
+        if self.baseline_kind == "direct":
+            return BenchServer("direct", self.workdir, name="baseline", pin_cpu=self.pinning.server_cpu)
         return Upstream(self.workdir, json_response=self.baseline_json, pin_cpu=self.pinning.server_cpu)
+
+    def ceiling(self) -> BenchServer:
+        return BenchServer("noop", self.workdir, name="ceiling", pin_cpu=self.pinning.server_cpu)
 
 
 async def warm(client: Client, session: McpSession, calls: int = 20) -> None:
@@ -64,10 +80,12 @@ async def warm(client: Client, session: McpSession, calls: int = 20) -> None:
 
 async def run_target(cfg: CompareConfig, round_no: int, target: str) -> dict[str, Any]:
     """A fresh server for one target in one round: sessions, warm-up, one-at-a-time, load, initialize/s."""
-    server: Gateway | Upstream
+    server: Gateway | Upstream | BenchServer
     tokens: list[str | None]
     if target == "baseline":
         server, tokens = cfg.baseline(), [None] * cfg.sessions
+    elif target == "ceiling":
+        server, tokens = cfg.ceiling(), [None] * cfg.sessions
     else:
         auth = make_auth(target.removeprefix("gateway-"), cfg.sessions)
         server, tokens = cfg.gateway(auth, f"{target}-r{round_no}"), auth.tokens
@@ -209,7 +227,7 @@ async def paired_phase(cfg: CompareConfig) -> dict[str, Any]:
     """One call at a time to the baseline and to each gateway in turn, call by call, all running at once on the
     server CPU: every target sees the same moment of the machine, so the ratios hold even where the machine's
     speed drifts between rounds (it does, on a shared host)."""
-    servers: dict[str, Gateway | Upstream] = {"baseline": cfg.baseline()}
+    servers: dict[str, Gateway | Upstream | BenchServer] = {"baseline": cfg.baseline()}
     tokens: dict[str, str | None] = {"baseline": None}
     for target in TARGETS[1:]:
         auth = make_auth(target.removeprefix("gateway-"), 1)

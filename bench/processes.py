@@ -221,6 +221,24 @@ class Upstream(ServerProcess):
         return False
 
 
+class BenchServer(ServerProcess):
+    """One of the benchmark's own servers (``python -m bench.<module> --port N``): the direct baseline
+    (``bench/direct.py``) or the harness's ceiling (``bench/noop.py``)."""
+
+    def __init__(self, module: str, workdir: Path, *, name: str, pin_cpu: int | None = None) -> None:
+        super().__init__(workdir, name=name, pin_cpu=pin_cpu)
+        self.module = module
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", f"bench.{self.module}", "--port", str(self.port)]
+
+    async def is_ready(self, http: aiohttp.ClientSession) -> bool:
+        """The ``READY <url>`` line the server prints once it accepts connections."""
+        with contextlib.suppress(OSError):
+            return "READY " in self.log_file.read_text(errors="replace")
+        return False
+
+
 def callgrind_total(text: str) -> int | None:
     """The ``totals:`` (else ``summary:``) instruction count of a callgrind output file; None when absent."""
     found: dict[str, int] = {}

@@ -137,6 +137,8 @@ def render_compare(report: dict[str, Any]) -> str:
     """The whole ``--compare`` report; a phase missing from ``report`` (skipped, or cut short) is left out."""
     rows = with_ratios(report["rounds"])
     out = compare_heading(report, rows) + round_tables(report["config"], rows)
+    if report.get("ceiling"):
+        out += ["", ceiling_line(report["ceiling"], rows)]
     pipes = report.get("pipes")
     if pipes:
         out += ["", pipes_line(pipes, summarize_rounds(rows) if rows else None)]
@@ -152,6 +154,23 @@ def render_compare(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+BASELINES = {
+    "direct": "the echo tool on the official SDK's low-level Server, JSON answers, stateful, uvicorn with uvloop "
+              "and httptools (bench/direct.py)",
+    "test-upstream": "tests/upstream_server.py alone over Streamable HTTP (official SDK)",
+}
+
+
+def ceiling_line(ceiling: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The no-op server's figures: what the harness itself can carry, so the other rows read against it."""
+    base = [float(r["calls_per_second"]) for r in rows if r["target"] == "baseline"]
+    share = f" ({fmt(float(ceiling['calls_per_second']) / base[0], 2)}x the baseline)" if base and base[0] else ""
+    return (f"The harness's ceiling (bench/noop.py: canned JSON-RPC answers, no MCP work): "
+            f"{fmt(ceiling['calls_per_second'])} calls/s{share}, server CPU "
+            f"{fmt(ceiling.get('server_cpu_ms_per_call'), 3)} ms/call, 1-call p50 "
+            f"{fmt(ceiling.get('sequential_p50_ms'), 2)} ms, {ceiling['errors']} errors.")
+
+
 def compare_heading(report: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[str]:
     """The title and what was compared, with how."""
     cfg = report["config"]
@@ -160,9 +179,9 @@ def compare_heading(report: dict[str, Any], rows: Sequence[dict[str, Any]]) -> l
             f"{cfg['duration']:g} s per load phase, {cfg['rounds']} interleaved round(s)",
             "",
             f"- pinning: {report['pinning']}",
-            f"- baseline: tests/upstream_server.py alone over Streamable HTTP (official SDK; answers "
-            f"{', '.join(baseline_types) or 'n/a'}); gateway: python -m satgate_mcp serve over the same upstream "
-            "via stdio",
+            f"- baseline: {BASELINES.get(cfg.get('baseline', 'test-upstream'), '?')} (answers "
+            f"{', '.join(baseline_types) or 'n/a'}); gateway: python -m satgate_mcp serve as the README starts it "
+            "(a state folder), over tests/upstream_server.py via stdio",
             "- clients: raw aiohttp JSON-RPC (Accept: application/json, text/event-stream); server CPU is "
             f"/proc utime+stime over the load window (CLK_TCK {CLK_TCK}); 1-call p50 is a separate sequential "
             f"phase; initialize/s opens sessions for {cfg['init_seconds']:g} s"]

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from bench import noop
 from bench.calibration import (
     ISSUE_BASELINE_CPU_MS,
     CpuShare,
@@ -36,7 +37,7 @@ from bench.client import (
 )
 from bench.compare import estimated_seconds
 from bench.load import server_cpu_per_call
-from bench.processes import TASKSET, callgrind_total, make_auth, pin_plan, pinned
+from bench.processes import TASKSET, BenchServer, callgrind_total, make_auth, pin_plan, pinned
 from bench.procfs import CLK_TCK, ProcStat, descendants, parse_proc_stat, rss_kib, tick_delta
 from bench.render import (
     answer_paths,
@@ -612,3 +613,38 @@ def test_both_entry_points_offer_the_same_options(entry: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     options = done.stdout.split("\n\n", 1)[1]  # past the usage line, whose program name differs
     assert options == build_parser().format_help().split("\n\n", 1)[1]
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+     {"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                                             "serverInfo": {"name": "noop", "version": "1"}}}),
+    ({"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}},
+     {"jsonrpc": "2.0", "id": "a", "result": {"content": [{"type": "text", "text": "hi"}], "isError": False}}),
+    ({"jsonrpc": "2.0", "id": 2, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "result": {}}),
+    ({"jsonrpc": "2.0", "method": "notifications/initialized"}, None),
+    ([{"jsonrpc": "2.0", "id": 3, "method": "ping"}], None),
+])
+def test_the_ceiling_answers_each_request_with_a_canned_result(message: object, expected: object) -> None:
+    reply = noop.answer(message)
+    assert (None if reply is None else json.loads(reply)) == expected
+
+
+def test_the_baseline_is_the_direct_server_unless_asked_otherwise() -> None:
+    assert build_parser().parse_args(["--compare"]).baseline == "direct"
+    assert build_parser().parse_args(["--compare", "--baseline", "test-upstream"]).baseline == "test-upstream"
+
+
+@pytest.mark.process
+async def test_the_direct_baseline_and_the_ceiling_serve_a_session_and_an_echo(tmp_path: Path) -> None:
+    for module in ("direct", "noop"):
+        server = BenchServer(module, tmp_path, name=module)
+        server.start()
+        try:
+            async with client_session(1) as http:
+                await server.wait_ready(http)
+                client = Client(http, server.mcp_url)
+                session = await client.open(None)
+                assert await client.call(session) == (True, "application/json")
+        finally:
+            server.stop()
