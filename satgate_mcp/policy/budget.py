@@ -45,6 +45,16 @@ def initial_limit(identity: Identity, operator_budgets: Mapping[str, float]) -> 
     return identity.budget_limit
 
 
+def kept_in_store(limit: float | None, budget_id: str | None) -> bool:
+    """Whether a call's budget needs the store: a limit to keep, or a budget id another token may share.
+
+    An unlimited budget of the token's own has nothing to charge and nothing to record, so such a call makes
+    no store round trip at all (the unmetered default path). A budget id, even unlimited, may name an account
+    another token opened with a limit: that one is charged as stored.
+    """
+    return limit is not None or budget_id is not None
+
+
 def shown_remaining(remaining: float | None) -> float:
     """What clients and events see: -1 for unlimited, never below 0 (observe mode may overspend)."""
     if remaining is None:

@@ -15,10 +15,12 @@ from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import Publisher
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.admissions import Admission
-from satgate_mcp.policy.budget import BudgetStore, Charge, shown_remaining
+from satgate_mcp.policy.budget import BudgetStore, Charge, kept_in_store, shown_remaining
 from satgate_mcp.policy.settlement import Role
 
 BUDGET_EXHAUSTED_CODE = -32000
+#: The answer of a budget that is not kept in the store: taken, nothing remaining to count.
+UNLIMITED = Charge(True, None)
 
 
 class Charging:
@@ -32,6 +34,8 @@ class Charging:
 
     async def charge(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         identity = admission.identity
+        if not kept_in_store(limit, identity.budget_id):
+            return self.take(admission, cost, UNLIMITED)
         charge = await admission.store_time.run(
             lambda: self._budgets.charge(identity.budget_key, cost, limit=limit, enforce=self._enforce))
         return self.take(admission, cost, charge)
@@ -62,6 +66,8 @@ class Charging:
 
     async def admit_free(self, admission: Admission, cost: float, limit: float | None) -> Admission:
         """A copy joining one in flight, or the one re-send of a copy that never settled: nothing charged."""
+        if not kept_in_store(limit, admission.identity.budget_id):
+            return self.free(admission, cost, None)
         remaining = await admission.store_time.run(
             lambda: self._budgets.remaining(admission.identity.budget_key, limit=limit))
         return self.free(admission, cost, remaining)

@@ -32,8 +32,8 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.admissions import Admission, Admissions, ChargeAsk
-from satgate_mcp.policy.budget import BudgetStore, initial_limit, resolve_cost, shown_remaining
-from satgate_mcp.policy.charging import Charging
+from satgate_mcp.policy.budget import BudgetStore, initial_limit, kept_in_store, resolve_cost, shown_remaining
+from satgate_mcp.policy.charging import UNLIMITED, Charging
 from satgate_mcp.policy.delegate import Delegator
 from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, Minter, Verifier
 from satgate_mcp.policy.duplicates import (
@@ -218,6 +218,9 @@ class CallPolicy:
             return await self._charging.admit_free(joined, cost, limit)
         # Registered before any await, so a copy arriving meanwhile joins this one.
         shared = self._in_flight.open(key)
+        if not kept_in_store(limit, identity.budget_id):  # nothing to record: copies in flight still share a run
+            return self._charging.take(Admission(identity, tool, Role.AGAIN, duplicate_key=key, shared=shared,
+                                                 store_time=store_time), cost, UNLIMITED)
         admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared, store_time=store_time)
         try:
             if self._admissions is not None:
