@@ -15,6 +15,8 @@ from typing import Any, Final, Protocol
 import orjson
 import structlog
 
+from satgate_mcp.logs import ACCESS_FIELDS
+
 SESSION_CONNECT: Final = "session_connect"
 #: A metered call admitted unmetered because the store could not answer (SATGATE_STORE_FAIL_MODE=open).
 FAIL_OPEN_ADMISSION: Final = "fail_open_admission"
@@ -34,15 +36,36 @@ class Publisher(Protocol):
     def publish(self, event: str, **fields: Any) -> None: ...
 
 
+#: Events every call publishes, folded into its request's access line at INFO (and logged alone at DEBUG): one
+#: line per call, not three. The fields each adds to that line.
+FOLDED: Final = {TOOL_CALL: ("tool", "upstream", "outcome"), BUDGET_SPEND: ("cost",)}
+
+
+def fold(note: dict[str, Any], event: str, fields: dict[str, Any]) -> None:
+    """What one call's event adds to its access line; a refund marks the line instead of replacing the cost."""
+    if event == BUDGET_SPEND and fields.get("refund"):
+        note["refunded"] = True
+        return
+    for name in FOLDED[event]:
+        if name in fields:
+            note[name] = fields[name]
+
+
 class LogPublisher:
-    """Every event becomes one structured log line."""
+    """Every event becomes one structured log line; a call's own events join its request's access line."""
 
     def __init__(self) -> None:
         # The configured logger itself, not structlog's lazy proxy (which looks it up again on every line).
         self._log = structlog.get_logger("satgate_mcp.events").bind()
 
     def publish(self, event: str, **fields: Any) -> None:
-        self._log.info(event, **fields)
+        if event not in FOLDED:
+            self._log.info(event, **fields)
+            return
+        note = ACCESS_FIELDS.get()
+        if note is not None:
+            fold(note, event, fields)
+        self._log.debug(event, **fields)
 
 
 class JsonlFilePublisher:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import IO, Any
 
 import orjson
@@ -24,6 +25,11 @@ from structlog.types import EventDict, Processor
 
 from satgate_mcp.loops import running_loop
 from satgate_mcp.settings import Settings
+
+#: The fields the request being served adds to its one access line (``http_request``): its call's tool, upstream,
+#: outcome and cost, gathered from the call's events, which are logged on their own at DEBUG only. None outside
+#: a request.
+ACCESS_FIELDS: ContextVar[dict[str, Any] | None] = ContextVar("satgate_access_fields", default=None)
 
 REDACTED = "[redacted]"
 _SECRET_KEYS = frozenset({"authorization", "token", "bearer", "root_key", "static_token", "password", "secret",

@@ -281,3 +281,19 @@ def test_a_line_loggers_context_is_never_written_into() -> None:
     log.info("one", extra=1)
     assert context == {"token_id": "t1"}
     assert recorder.calls == [("info", (), {"token_id": "t1", "extra": 1, "event": "one"})]
+
+
+async def test_a_call_is_one_info_line_that_carries_its_tool_outcome_and_cost(aiohttp_client: AiohttpClient) -> None:
+    app = create_app(Settings(state_dir="memory", tool_costs={"echo": 2.0}),
+                     authenticator=StaticTokenAuthenticator(SECRET), pool=FakePool(), publisher=LogPublisher())
+    client = await aiohttp_client(app)
+    init = jsonrpc.request_message(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+    session = (await post(client, init, token=SECRET)).headers["Mcp-Session-Id"]
+    call = jsonrpc.request_message(2, "tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+    with capture_logs() as logs:
+        assert (await post(client, call, token=SECRET, session=session)).status == 200
+    info = [entry for entry in logs if entry["log_level"] == "info"]
+    assert [entry["event"] for entry in info] == ["http_request"]
+    assert (info[0]["tool"], info[0]["outcome"], info[0]["cost"]) == ("echo", "ok", 2.0)
+    # The call's own events still exist (the events file gets them whole), one level down.
+    assert {entry["event"] for entry in logs if entry["log_level"] == "debug"} == {"tool_call", "budget_spend"}

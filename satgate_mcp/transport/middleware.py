@@ -1,4 +1,8 @@
-"""The canonical request line: one structured log line and one metric per HTTP request."""
+"""The canonical request line: one structured log line and one metric per HTTP request.
+
+A call's own events (``tool_call``, ``budget_spend``) add their fields to this line through
+``logs.ACCESS_FIELDS``, so a call costs one INFO line, not three.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import Counter
 
 from satgate_mcp.keys import RPC_METHOD, SESSION_ID, TOKEN_ID
+from satgate_mcp.logs import ACCESS_FIELDS
 from satgate_mcp.metrics import Metrics
 
 #: Methods we label metrics with; anything else is "other" so clients cannot blow up cardinality.
@@ -50,6 +55,8 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         status = 500
+        note: dict[str, object] = {}
+        reset = ACCESS_FIELDS.set(note)
         try:
             response = await handler(request)
             status = response.status
@@ -58,6 +65,7 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
             status = exc.status
             raise
         finally:
+            ACCESS_FIELDS.reset(reset)
             rpc_method = request.get(RPC_METHOD)
             key = (metric_label(rpc_method, request.method), status)
             counter = counters.get(key)
@@ -68,6 +76,6 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
                 http_log.info("http_request", method=request.method, path=request.path, status=status,
                               session_id=request.get(SESSION_ID), rpc_method=rpc_method,
                               token_id=request.get(TOKEN_ID), client=request.remote,
-                              duration_ms=round((time.perf_counter() - started) * 1000, 2))
+                              duration_ms=round((time.perf_counter() - started) * 1000, 2), **note)
 
     return middleware
