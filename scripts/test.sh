@@ -50,6 +50,9 @@ if [ -f scripts/check-deploy.sh ]; then
 fi
 echo "== pytest"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+# The benchmark runs and every call succeeds (a few seconds; figures are printed, never asserted).
+echo "== benchmark smoke"
+"$VENV/bin/python" scripts/bench.py --clients 4 --calls 25
 # The README's install command on the oldest and newest supported Python (each found on PATH), in fresh venvs.
 echo "== install check"
 "$VENV/bin/python" scripts/check_install.py
