@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from satgate_mcp.auth.oauth import KEYS_MAX_AGE, REFETCH_INTERVAL, KeySource, parse_jwks
+from satgate_mcp.auth.oauth_keys import KEYS_MAX_AGE, REFETCH_INTERVAL, KeySource, parse_jwks
 from tests.fakes import FakeClock
 from tests.oauth_server import AuthServer
 

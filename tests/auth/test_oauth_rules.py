@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.auth.base import Identity, required_scope
-from satgate_mcp.auth.oauth import discovery_urls, scope_set, session_binding, token_id_for
+from satgate_mcp.auth.oauth import scope_set, session_binding, token_id_for
+from satgate_mcp.auth.oauth_keys import discovery_urls
 from satgate_mcp.settings import Settings, resource_metadata_url_for
 from satgate_mcp.transport import rules
 
