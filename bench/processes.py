@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -68,8 +69,31 @@ class Auth:
     tokens: list[str | None]
 
 
+#: The Redis the ``metered`` target shares its budgets and rate buckets on (a database of its own).
+BENCH_REDIS_URL = os.environ.get("SATGATE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: A budget and a rate no bench run exhausts: every call is charged and counted, none is refused.
+METERED_BUDGET = 1e12
+METERED_RATE = "1000000/s"
+
+
+def redis_reachable(url: str = BENCH_REDIS_URL, timeout: float = 1.0) -> bool:
+    """Whether something listens where the metered target's Redis should be (it is skipped otherwise)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or HOST, parts.port or 6379), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def make_auth(mode: str, clients: int, budget_limit: float | None = None) -> Auth:
-    """Fresh secrets per run: ``header`` mints one macaroon per client so each is its own agent to the gateway."""
+    """Fresh secrets per run: ``header`` mints one macaroon per client so each is its own agent to the gateway;
+    ``metered`` is header mode on Redis with every call charged to a budget and counted by a rate limit."""
+    if mode == "metered":
+        header = make_auth("header", clients, METERED_BUDGET)
+        env = {**header.env, "SATGATE_REDIS_URL": BENCH_REDIS_URL, "SATGATE_RATE_LIMIT": METERED_RATE,
+               "SATGATE_ENFORCEMENT": "control"}
+        return Auth(env, header.tokens)
     if mode == "none":
         return Auth({"SATGATE_AUTH_MODE": "none"}, [None] * clients)
     if mode == "config":
@@ -78,7 +102,9 @@ def make_auth(mode: str, clients: int, budget_limit: float | None = None) -> Aut
     from satgate_mcp.auth.macaroons import mint_token
 
     root_key = secrets.token_urlsafe(48)
-    tokens: list[str | None] = [mint_token(root_key, f"bench-{n}", budget_limit=budget_limit) for n in range(clients)]
+    run = secrets.token_hex(4)  # a shared store keeps budgets: each run's token ids are its own
+    tokens: list[str | None] = [mint_token(root_key, f"bench-{run}-{n}", budget_limit=budget_limit)
+                                for n in range(clients)]
     return Auth({"SATGATE_AUTH_MODE": "header", "SATGATE_ROOT_KEY": root_key}, tokens)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 #: The comparison's targets, in the order each round runs them.
 TARGETS = ("baseline", "gateway-none", "gateway-header")
+#: Header mode on Redis, every call charged and rate limited: measured when the bench's Redis is reachable.
+METERED = "gateway-metered"
 
 #: The figures of a round that the summary takes the median of.
 ROUND_METRICS = ("calls_per_second", "ratio", "p50_ms", "p99_ms", "sequential_p50_ms", "server_cpu_ms_per_call",
