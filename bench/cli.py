@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from bench.compare import main_compare
 from bench.plain import main_plain
+from bench.tracing import main_tracing
 
 DESCRIPTION = "Load benchmark: a real gateway process, the real stdio test upstream, N concurrent clients."
 MAX_CLIENTS = 1000
@@ -36,6 +37,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_plain_arguments(parser)
     add_compare_arguments(parser)
+    parser.add_argument_group("tracing off and on (--tracing)").add_argument(
+        "--tracing", action="store_true",
+        help="two gateways in turn, SATGATE_TRACING off and otlp (always_on sampler, a receiver this process serves): "
+             "gateway CPU ms per call for each and the difference; uses --sessions, --workers, --duration, --rounds, "
+             "--auth, --json")
     return parser
 
 
@@ -95,4 +101,6 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
+    if args.tracing:
+        return main_tracing(args)
     return main_compare(args) if args.compare else main_plain(args)

@@ -70,7 +70,7 @@ class Auth:
 
 
 #: The Redis the ``metered`` target shares its budgets and rate buckets on (a database of its own).
-BENCH_REDIS_URL = os.environ.get("SATGATE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+BENCH_REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 #: A budget and a rate no bench run exhausts: every call is charged and counted, none is refused.
 METERED_BUDGET = 1e12
 METERED_RATE = "1000000/s"

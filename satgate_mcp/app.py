@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.dispatch import Dispatcher, Policy, Pool
@@ -47,6 +50,7 @@ from satgate_mcp.transport.session_gate import SessionGate
 from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
+from satgate_mcp.transport.trace_middleware import tracing_middleware
 from satgate_mcp.upstream.pool import UpstreamPool
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -70,10 +74,13 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     metrics = metrics or Metrics()
+    traces = tracing.plan(settings.tracing, os.environ)  # checked now: a wrong OTEL_* variable stops start-up
     # Bodies are read and size-checked by the transport itself, so it can answer 413 as JSON-RPC.
-    app = web.Application(middlewares=[request_logger(metrics, log_health=settings.access_log_health)],
+    app = web.Application(middlewares=_middlewares(settings, metrics, traced=traces is not None),
                           client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS], app[METRICS] = settings, metrics
+    if traces is not None:
+        app.cleanup_ctx.append(_tracing(traces, metrics))  # first started, last stopped: every span is exported
     stores = app[STORES] = open_stores(settings, on_error=lambda op: metrics.store_errors.labels(op=op).inc())
     app.cleanup_ctx.append(_stores)
     if stores.probe is not None:
@@ -115,6 +122,12 @@ def create_app(
     app[RESUMES_SESSIONS] = gate.resumes_sessions
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
+
+
+def _middlewares(settings: Settings, metrics: Metrics, *, traced: bool) -> list[Middleware]:
+    """The request line; with tracing on, the request's span around it (off: no middleware, nothing to pay)."""
+    logger = request_logger(metrics, log_health=settings.access_log_health)
+    return [tracing_middleware(), logger] if traced else [logger]
 
 
 def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGate, runner: CallRunner,
@@ -184,6 +197,15 @@ async def _sweeper(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _tracing(traces: tracing.Plan, metrics: Metrics) -> CleanupCtx:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        provider = tracing.start(traces, metrics.trace_export_failures)
+        yield
+        await asyncio.to_thread(tracing.stop, provider)  # the last export may wait on the collector
+
+    return ctx
 
 
 def _closing(close: Callable[[], Awaitable[None]]) -> CleanupCtx:

@@ -23,8 +23,10 @@ import orjson
 import structlog
 from structlog.types import EventDict, Processor
 
+from satgate_mcp import tracing
 from satgate_mcp.loops import running_loop
 from satgate_mcp.settings import Settings
+from satgate_mcp.trace_context import current_ids
 
 #: The fields the request being served adds to its one access line (``http_request``): its call's tool, upstream,
 #: outcome and cost, gathered from the call's events, which are logged on their own at DEBUG only. None outside
@@ -134,6 +136,13 @@ def add_logger_name(logger: Any, _name: str, event_dict: EventDict) -> EventDict
     return event_dict
 
 
+def add_trace_ids(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
+    """``trace_id`` and ``span_id`` of the current span (tracing on), so a line leads to its trace."""
+    if tracing.TRACER is not None and (ids := current_ids()) is not None:
+        event_dict["trace_id"], event_dict["span_id"] = ids
+    return event_dict
+
+
 def shared_processors() -> list[Processor]:
     return [
         structlog.contextvars.merge_contextvars,
@@ -141,6 +150,7 @@ def shared_processors() -> list[Processor]:
         add_logger_name,
         UtcTimestamper(),
         redact_secrets,
+        add_trace_ids,
     ]
 
 
@@ -163,6 +173,8 @@ class LineProcessor:
         event_dict["level"] = _LEVEL_OF_METHOD.get(name, name)
         add_logger_name(logger, name, event_dict)
         self._stamp(logger, name, event_dict)
+        if tracing.TRACER is not None:
+            add_trace_ids(logger, name, event_dict)
         if "exc_info" in event_dict:
             event_dict = structlog.processors.format_exc_info(logger, name, event_dict)
         return event_dict

@@ -65,6 +65,9 @@ class Metrics:
         self.fail_open_admissions = Counter("satgate_fail_open_admissions",
                                             "Calls admitted unmetered while the store was down "
                                             "(SATGATE_STORE_FAIL_MODE=open)", registry=r)
+        self.trace_export_failures = Counter("satgate_trace_export_failures",
+                                             "Batches of spans the trace exporter could not deliver (SATGATE_TRACING)",
+                                             registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)

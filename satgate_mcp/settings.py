@@ -185,6 +185,7 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] | None = None
     log_level: str = "INFO"
     access_log_health: bool = True
+    tracing: Literal["off", "otlp", "console"] = "off"
 
     @field_validator("host")
     @classmethod

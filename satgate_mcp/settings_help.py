@@ -191,6 +191,11 @@ MEANINGS: dict[str, str] = {
         "`false` leaves `/healthz` and `/readyz` out of the `http_request` access log (their metric still "
         "counts)."
     ),
+    "tracing": (
+        "OpenTelemetry traces: `off`, `otlp` (to the collector the standard `OTEL_EXPORTER_OTLP_*` variables name; "
+        "`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER` and `OTEL_RESOURCE_ATTRIBUTES` apply too) or `console` (spans "
+        "as JSON on stderr). See [operations.md](operations.md#tracing)."
+    ),
 }
 
 #: Where "unset" means more than nothing: the default column says what happens instead.

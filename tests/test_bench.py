@@ -648,3 +648,28 @@ async def test_the_direct_baseline_and_the_ceiling_serve_a_session_and_an_echo(t
                 assert await client.call(session) == (True, "application/json")
         finally:
             server.stop()
+
+
+def test_tracing_modes_set_only_what_each_needs() -> None:
+    from bench.tracing import tracing_env
+
+    assert tracing_env("off", 4318) == {"SATGATE_TRACING": "off"}
+    on = tracing_env("otlp", 4318)
+    assert on["SATGATE_TRACING"] == "otlp"
+    assert on["OTEL_TRACES_SAMPLER"] == "always_on"
+    assert on["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318"
+
+
+def test_tracing_summary_sets_the_modes_side_by_side_with_the_difference() -> None:
+    from bench.tracing import render, summary
+
+    def run(mode: str, cpu: float) -> dict[str, Any]:
+        return {"mode": mode, "server_main_cpu_ms_per_call": cpu, "calls_per_second": 1000.0, "p50_ms": 2.0,
+                "errors": 0}
+
+    result = summary([run("off", 0.5), run("otlp", 0.52), run("off", 0.7), run("otlp", 0.74)])
+    assert result["off"]["cpu_ms_per_call"] == pytest.approx(0.6)
+    assert result["otlp_minus_off_cpu_ms_per_call"] == pytest.approx(0.03)
+    text = render({**result, "received_posts": 3, "received_bytes": 1000})
+    assert "otlp - off: +0.0300 ms" in text
+    assert summary([run("off", math.nan), run("otlp", 0.5)])["within_allowance"] is None

@@ -193,6 +193,7 @@ class State:
     log_level: str | None = None
     conformance: ConformanceState | None = None  # set by --conformance
     modern_only: bool = False  # set by --modern-only
+    trace_file: str | None = None  # set by --trace-file: each tool call's trace context, as received, appended
 
     def tool_defs(self) -> list[JsonObj]:
         out = []
@@ -560,6 +561,17 @@ class _Server(Server[Any]):
         )
 
 
+def record_trace_context(path: str, ctx: ServerRequestContext[Any], tool: str) -> None:
+    """One JSON line: the tool, and the ``traceparent`` / ``tracestate`` it came with in ``params._meta`` and (over
+    HTTP) in the headers, as an instrumented server would continue them."""
+    meta = dict(ctx.params or {}).get("_meta") or {}
+    headers: Mapping[str, str] = getattr(ctx.request, "headers", None) or {}
+    line = {"tool": tool, "meta": {k: meta.get(k) for k in ("traceparent", "tracestate") if k in meta},
+            "headers": {k: headers.get(k) for k in ("traceparent", "tracestate") if headers.get(k) is not None}}
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
 def build_server(state: State) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -576,6 +588,8 @@ def build_server(state: State) -> Server[Any]:
             if found.get("resultType") == "input_required":
                 return types.InputRequiredResult.model_validate(found)
             return types.CallToolResult.model_validate(found)
+        if state.trace_file is not None:
+            record_trace_context(state.trace_file, ctx, params.name)
         found = await run_tool(ctx, params)
         if found.get("resultType") == "input_required":
             return types.InputRequiredResult.model_validate(found)
@@ -812,6 +826,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
+    parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
     parser.add_argument("--modern-only", action="store_true",
                         help="speak 2026-07-28 only (no initialize), serve subscriptions/listen, add the mrtr_ask tool")
     return parser.parse_args(argv)
@@ -821,7 +836,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     page_size = args.page_size if args.page_size is not None else (10 if args.many_tools else 0)
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
-                  conformance=ConformanceState() if args.conformance else None, modern_only=args.modern_only)
+                  conformance=ConformanceState() if args.conformance else None, modern_only=args.modern_only,
+                  trace_file=args.trace_file)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     state.tools += [args.prefix + t for t in MODERN_TOOLS] if args.modern_only else []
     if args.mode == "stdio":

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.keys import REFUSAL_REASON
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.rules import Refusal
 
@@ -20,7 +21,9 @@ def json_answer(body: Any, status: int = 200, headers: dict[str, str] | None = N
 
 
 def refusal_answer(refusal: Refusal, request_id: RequestId | None = None) -> web.Response:
-    return json_answer(refusal.body(request_id), refusal.status, dict(refusal.headers))
+    answer = json_answer(refusal.body(request_id), refusal.status, dict(refusal.headers))
+    answer[REFUSAL_REASON] = refusal.error
+    return answer
 
 
 def rejected_answer(rejected: rules.Rejected) -> web.Response:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from satgate_mcp import jsonrpc
+from satgate_mcp import jsonrpc, tracing
 from satgate_mcp.auth.base import per_token_quota
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
@@ -23,8 +23,10 @@ from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import Session, SessionRegistry
 from satgate_mcp.settings import Settings
+from satgate_mcp.transport.call_trace import traced_call
 from satgate_mcp.transport.checks import Principal
 from satgate_mcp.transport.relay import CallRelay, Emit, Pause, PendingAsks, is_log_level, most_verbose
+from satgate_mcp.transport.stateless_rules import MODERN_VERSION
 
 log = structlog.get_logger("satgate_mcp.transport")
 
@@ -199,5 +201,12 @@ class CallRunner:
 
         Without a session (2026-07-28) the duplicate guard keys by token id + request id + params."""
         session_id = caller.id if isinstance(caller, Session) else f"token:{caller.identity.token_id}"
+        tracer = tracing.TRACER
+        if tracer is not None:
+            session = caller if isinstance(caller, Session) else None
+            return await traced_call(tracer, request, partial(
+                self._dispatcher.handle, request, identity=caller.identity, session_id=session_id,
+                on_progress=on_progress), session_id=None if session is None else session.id, relay=on_progress,
+                protocol_version=session.protocol_version if session is not None else MODERN_VERSION)
         return await self._dispatcher.handle(request, identity=caller.identity, session_id=session_id,
                                              on_progress=on_progress)

@@ -33,13 +33,18 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.trace_spans import progress_event
 from satgate_mcp.transport.relay import Emit, log_message_passes, refused, required_capability
 from satgate_mcp.upstream.base import Resume
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 #: How long a flow waits for its client's retry before the upstream call is given up.
 FLOW_TTL_SECONDS = 300.0
@@ -325,6 +330,8 @@ class ModernRelay:
         self.admitted = flow.admitted
         #: Set on the retry of a modern upstream's call: it goes to that upstream with its own state.
         self.resume = resume
+        #: The call's span while tracing is on: its progress becomes the span's events.
+        self.span: Span | None = None
 
     def carry(self, upstream: str, result: JsonObj) -> None:
         """A modern upstream answered ``input_required``: it goes to the client as it is (state sealed)."""
@@ -335,6 +342,8 @@ class ModernRelay:
 
     async def __call__(self, params: JsonObj) -> None:
         if self._flow.streaming and params.get("progressToken") is not None:
+            if self.span is not None:
+                self.span.add_event(*progress_event(params))
             await self._flow.emit(jsonrpc.notification_message("notifications/progress", params))
 
     async def notify(self, method: str, params: JsonObj | None) -> None:

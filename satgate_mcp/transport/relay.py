@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.trace_spans import progress_event, relay_event
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = structlog.get_logger("satgate_mcp.transport.relay")
 
@@ -162,6 +168,8 @@ class CallRelay:
         self._open: set[str] = set()
         #: Set once every check that can refuse the call has passed: only then may its answer start streaming.
         self.admitted = asyncio.Event()
+        #: The call's span while tracing is on: what it relays becomes its events.
+        self.span: Span | None = None
 
     def admit(self) -> None:
         self.admitted.set()
@@ -169,6 +177,8 @@ class CallRelay:
     async def __call__(self, params: JsonObj) -> None:
         """Progress for this call; without the client's token it answers nothing the client asked for."""
         if self._streaming and params.get("progressToken") is not None:
+            if self.span is not None:
+                self.span.add_event(*progress_event(params))
             await self._emit(jsonrpc.notification_message("notifications/progress", params))
 
     async def pause(self) -> None:
@@ -190,6 +200,14 @@ class CallRelay:
         return required_capability(method, params, self._capabilities())
 
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
+        if self.span is None:
+            return await self._ask(method, params, timeout)
+        started = time.monotonic()
+        answer = await self._ask(method, params, timeout)
+        self.span.add_event(*relay_event(method, answer, time.monotonic() - started))
+        return answer
+
+    async def _ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         why = ask_refusal(method, params, streaming=self._streaming, capabilities=self._capabilities())
         if why is not None:
             return refused(why)

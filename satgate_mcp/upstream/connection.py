@@ -14,14 +14,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import structlog
+from opentelemetry import trace
 
-from satgate_mcp import events, jsonrpc
+from satgate_mcp import events, jsonrpc, tracing
 from satgate_mcp.errors import UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.trace_spans import Attributes, upstream_attributes
 from satgate_mcp.upstream.base import ProgressCallback, Relay, event_within, is_input_carrier, is_relay
+from satgate_mcp.upstream.client_trace import client_attributes, traced_request
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     MAX_INPUT_ROUNDS,
@@ -125,6 +128,8 @@ class UpstreamConnection(Generic[SpecT]):
         self._modern = False
         #: A modern upstream's subscribed URIs (the pool's subscriptions, reference-counted there): its listen filter.
         self._resource_subscriptions: set[str] = set()
+        #: What every client span to this upstream records (made on the first traced request).
+        self._span_attributes: Attributes | None = None
 
     @property
     def modern(self) -> bool:
@@ -183,11 +188,11 @@ class UpstreamConnection(Generic[SpecT]):
         if not self._modern:
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
-            return await self._request(method, params, budget, on_progress)
+            return await self._call(method, params, budget, on_progress)
         params = with_modern_meta(params, on_progress.log_level() if is_relay(on_progress) else None)
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
-        reply = await self._request(method, params, budget, on_progress)
+        reply = await self._call(method, params, budget, on_progress)
         for _ in range(MAX_INPUT_ROUNDS):
             if not is_input_required(reply):
                 return reply
@@ -201,7 +206,7 @@ class UpstreamConnection(Generic[SpecT]):
             if "error" in answers:
                 return answers
             params = retry_params(params, answers["result"], result.get("requestState"))
-            reply = await self._request(method, params, budget, on_progress)
+            reply = await self._call(method, params, budget, on_progress)
         return reply if not is_input_required(reply) else input_refusal(
             self.name, f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
 
@@ -261,6 +266,19 @@ class UpstreamConnection(Generic[SpecT]):
                 return input_refusal(self.name, "the client's answer has no result")
             answers[key] = answer["result"]
         return {"result": answers}
+
+    async def _call(self, method: str, params: JsonObj | None, budget: float,
+                    on_progress: ProgressCallback | None) -> JsonObj:
+        """``_request``, under a client span when it is part of a traced request (the gateway's own requests,
+        listings and handshakes, start no trace of their own)."""
+        tracer = tracing.TRACER
+        if tracer is None or not trace.get_current_span().get_span_context().is_valid:
+            return await self._request(method, params, budget, on_progress)
+        if self._span_attributes is None:
+            self._span_attributes = upstream_attributes(self.name, self._transport, getattr(self._spec, "url", None))
+        return await traced_request(tracer, method, params,
+                                    client_attributes(self._span_attributes, method, params, self._modern),
+                                    lambda sent: self._request(method, sent, budget, on_progress))
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,
                        on_progress: ProgressCallback | None) -> JsonObj:

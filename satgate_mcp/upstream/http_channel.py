@@ -14,11 +14,13 @@ from typing import Any
 
 import aiohttp
 
+from satgate_mcp import tracing
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
+from satgate_mcp.trace_context import inject_headers
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers
 from satgate_mcp.upstream.wire import RestartPolicy, SseDecoder, clip, modern_headers, resume_delay
@@ -51,6 +53,8 @@ class HttpChannel(UpstreamConnection[HttpUpstreamSpec]):
         if self._modern or message.get("method") == "server/discover":
             headers.pop("Mcp-Session-Id", None)
             headers.update(modern_headers(message))
+        if tracing.TRACER is not None:
+            inject_headers(headers)  # the current span: the request's client span (none for the gateway's own)
         return headers
 
     async def _post(self, message: JsonObj, route: str | None = None) -> tuple[int, JsonObj | None, str | None]:
