@@ -80,7 +80,7 @@ def decide(limit: float, spent: float, cost: float, *, enforce: bool) -> tuple[C
     """One charge against a limited budget: the answer, and what is spent afterwards.
 
     The one copy of the arithmetic. The memory and SQLite stores call it; Redis runs it inside a Lua
-    script (``stores/redis/policy.py``, ``_DECIDE_LUA``) that mirrors it line for line, and
+    script (``stores/redis/policy.py``, ``DECIDE_LUA``) that mirrors it line for line, and
     ``tests/stores/test_decide.py`` runs one table against both. A transfer is a charge that must fit.
     """
     exceeded = cost > limit - spent + EPSILON

@@ -34,6 +34,7 @@ from satgate_mcp.stores.memory import (
     MemoryDuplicateStore,
     MemoryRevocationStore,
 )
+from satgate_mcp.stores.redis.admissions import RedisAdmissions
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
@@ -133,7 +134,9 @@ def _redis_stores(url: str, timeout: float, revocations: RevocationStore, files:
     policy = RedisStores.from_url(url, timeout=timeout)
     tombstones = RedisTombstones(url, timeout=timeout, on_error=on_error)
     probe = RedisProbe(url, timeout)
-    return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, None, revocations, files,
+    # The arrival of a guarded call and its charge in one script: one round trip where the stores would take two.
+    admissions = RedisAdmissions(policy.client)
+    return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, admissions, revocations, files,
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose))
 

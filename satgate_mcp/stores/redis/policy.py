@@ -49,7 +49,7 @@ return '0'
 """
 
 #: ``policy.budget.decide``, line for line: returns allowed, remaining, exceeded, spent afterwards.
-_DECIDE_LUA = """
+DECIDE_LUA = """
 local function decide(limit, spent, cost, enforce)
   local exceeded = cost > limit - spent + 1e-9
   if exceeded and enforce then return false, limit - spent, true, spent end
@@ -61,7 +61,7 @@ local function num(value) return string.format('%.17g', value) end
 
 # KEYS[1] budget; ARGV cost, limit ('' = unlimited), enforce ('1'/'0').
 # Returns {status, remaining, exceeded}: status ok | refused | unlimited.
-_CHARGE_LUA = _DECIDE_LUA + """
+_CHARGE_LUA = DECIDE_LUA + """
 local limit = redis.call('HGET', KEYS[1], 'limit')
 local spent = 0
 if limit then
@@ -87,7 +87,7 @@ return 1
 
 # KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited), child ttl in ms ('' = none).
 # Returns {status, parent remaining ('' = unlimited)}: status ok | insufficient | exists.
-_TRANSFER_LUA = _DECIDE_LUA + """
+_TRANSFER_LUA = DECIDE_LUA + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists', ''} end
 local amount = tonumber(ARGV[1])
 local limit = redis.call('HGET', KEYS[1], 'limit')
@@ -130,11 +130,16 @@ return redis.error_reply('no transition for state ' .. current)
 """
 
 
-def _num(value: float | None) -> str:
+def num_arg(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
-def _opt_float(value: Any) -> float | None:
+def text(value: object) -> str:
+    """A script's reply as text: redis-py hands strings back as bytes unless told to decode."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def optional_float(value: Any) -> float | None:
     text = value.decode() if isinstance(value, bytes) else str(value)
     return float(text) if text else None
 
@@ -149,9 +154,9 @@ class RedisRateLimiter:
     async def acquire(self, buckets: Sequence[Bucket]) -> float:
         if not buckets:
             return 0.0
-        args: list[str] = [_num(self._clock())]
+        args: list[str] = [num_arg(self._clock())]
         for b in buckets:
-            args += [_num(b.spec.per_second), str(b.spec.burst)]
+            args += [num_arg(b.spec.per_second), str(b.spec.burst)]
         wait = await self._script(keys=[self._prefix + b.key for b in buckets], args=args)
         return float(wait)
 
@@ -169,12 +174,12 @@ class RedisBudgetStore:
 
     async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
         status, remaining, exceeded = await self._charge(
-            keys=[self._prefix + key], args=[_num(cost), _num(limit), "1" if enforce else "0"])
+            keys=[self._prefix + key], args=[num_arg(cost), num_arg(limit), "1" if enforce else "0"])
         status = status.decode() if isinstance(status, bytes) else status
-        return Charge(status != "refused", _opt_float(remaining), exceeded=_opt_float(exceeded) == 1)
+        return Charge(status != "refused", optional_float(remaining), exceeded=optional_float(exceeded) == 1)
 
     async def refund(self, key: str, amount: float) -> None:
-        await self._refund(keys=[self._prefix + key], args=[_num(amount)])
+        await self._refund(keys=[self._prefix + key], args=[num_arg(amount)])
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None:
         stored_limit, spent = await self._client.hmget(self._prefix + key, ["limit", "spent"])
@@ -186,9 +191,9 @@ class RedisBudgetStore:
                        ttl: float | None = None) -> Charge:
         ttl_ms = "" if ttl is None else str(max(1, math.ceil(ttl * 1000)))
         status, remaining = await self._transfer(
-            keys=[self._prefix + parent, self._prefix + child], args=[_num(amount), _num(parent_limit), ttl_ms])
+            keys=[self._prefix + parent, self._prefix + child], args=[num_arg(amount), num_arg(parent_limit), ttl_ms])
         status = status.decode() if isinstance(status, bytes) else status
-        return Charge(status == "ok", _opt_float(remaining), exceeded=status == "insufficient")
+        return Charge(status == "ok", optional_float(remaining), exceeded=status == "insufficient")
 
     async def close(self) -> None:
         return None
