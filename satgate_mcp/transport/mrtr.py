@@ -176,6 +176,8 @@ class Flow:
         self.digest = digest
         self.capabilities = capabilities
         self.log_level = log_level
+        #: The client's own capabilities and clientInfo, as a 2026 upstream gets them in ``_meta``.
+        self.client_meta: JsonObj = {}
         self.emit = emit
         self.task: asyncio.Task[JsonObj] | None = None
         self.pending: dict[str, Ask] = {}
@@ -329,6 +331,9 @@ class ModernRelay:
     def carry(self, upstream: str, result: JsonObj) -> None:
         """A modern upstream answered ``input_required``: it goes to the client as it is (state sealed)."""
         self._flow.carried_from = upstream
+
+    def client_meta(self) -> JsonObj:
+        return self._flow.client_meta
 
     def admit(self) -> None:
         self.admitted.set()

@@ -215,7 +215,7 @@ class StatelessEndpoint:
         declared = meta.get(stateless_rules.META_CAPABILITIES)
         flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
-        flow.streaming = streams
+        flow.streaming, flow.client_meta = streams, stateless_rules.client_meta(meta)
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = stateless_rules.without_protocol_meta(message.params)
         if resume is not None:

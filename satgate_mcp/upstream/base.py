@@ -113,11 +113,15 @@ class InputCarrier(Protocol):
 
     ``carry`` hears which upstream asked (the transport seals that with the upstream's state);
     ``resume`` is set on the client's retry, so the upstream sees its own state and the answers.
+    ``client_meta`` is what the client declared in its ``_meta`` (capabilities, clientInfo): a 2026 upstream
+    gets it in place of the gateway's, so it decides for the client that asked.
     """
 
     resume: Resume | None
 
     def carry(self, upstream: str, result: JsonObj) -> None: ...
+
+    def client_meta(self) -> JsonObj: ...
 
 
 #: Verdicts of the structural checks by type: ``isinstance`` against a runtime-checkable Protocol walks
