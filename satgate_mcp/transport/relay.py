@@ -17,6 +17,7 @@ import structlog
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.upstream.wire import META_CAPABILITIES
 
 log = structlog.get_logger("satgate_mcp.transport.relay")
 
@@ -188,6 +189,11 @@ class CallRelay:
 
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return required_capability(method, params, self._capabilities())
+
+    def client_meta(self) -> JsonObj:
+        """The session's declared capabilities, for a 2026 upstream's ``_meta`` (unknown for a resumed session)."""
+        declared = self._capabilities()
+        return {META_CAPABILITIES: declared} if declared is not None else {}
 
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         why = ask_refusal(method, params, streaming=self._streaming, capabilities=self._capabilities())

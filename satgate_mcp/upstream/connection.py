@@ -21,7 +21,15 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import ProgressCallback, Relay, Upstream, event_within, is_input_carrier, is_relay
+from satgate_mcp.upstream.base import (
+    ProgressCallback,
+    Relay,
+    Upstream,
+    declared_meta,
+    event_within,
+    is_input_carrier,
+    is_relay,
+)
 from satgate_mcp.upstream.eras import ModernTwin, wants_modern_twin
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
@@ -194,7 +202,7 @@ class UpstreamConnection(Generic[SpecT]):
                 params = without_input_fields(params)
             return await self._request(method, params, budget, on_progress)
         params = with_modern_meta(params, on_progress.log_level() if is_relay(on_progress) else None,
-                                  carrier.client_meta() if carrier is not None else None)
+                                  declared_meta(on_progress))
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
         reply = await self._request(method, params, budget, on_progress)
