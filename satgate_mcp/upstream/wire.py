@@ -307,16 +307,6 @@ class SseEvent:
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-#: A paused stream is resumed after the server's ``retry`` wait, but never sooner or later than these (seconds).
-RESUME_DELAY_BOUNDS = (0.01, 5.0)
-
-
-def resume_delay(retry_ms: int | None) -> float:
-    """How long to wait before resuming an upstream stream it closed mid-call (SEP-1699 polling)."""
-    low, high = RESUME_DELAY_BOUNDS
-    return min(high, max(low, (retry_ms if retry_ms is not None else 100) / 1000))
-
-
 class SseDecoder:
     """Incremental ``text/event-stream`` parser: feed bytes as they arrive, get complete events.
 
