@@ -17,8 +17,16 @@ from typing import Literal
 
 import structlog
 
+from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.upstream.base import UPSTREAM_READY, NotificationCallback, Upstream, initialize_timeout
+from satgate_mcp.upstream.base import (
+    UPSTREAM_READY,
+    NotificationCallback,
+    Upstream,
+    initialize_timeout,
+    is_input_carrier,
+    is_relay,
+)
 
 Era = Literal["2025", "2026"]
 
@@ -29,6 +37,36 @@ def wants_modern_twin(protocol: str, primary_modern: bool, client: Era | None) -
     Only ``auto`` learns both eras: ``2025`` never leaves the handshake, ``2026`` keeps the era it found first.
     """
     return protocol == "auto" and not primary_modern and client == "2026"
+
+
+#: 2025 revisions' "resource not found"; 2026-07-28 answers -32602 with ``data.uri`` instead (SEP-2164).
+RESOURCE_NOT_FOUND = -32002
+
+
+def client_era(on_progress: object) -> Era | None:
+    """The era of the client a request runs for: a 2026 client's relay carries input, a 2025 session's does not."""
+    if is_input_carrier(on_progress):
+        return "2026"
+    return "2025" if is_relay(on_progress) else None
+
+
+def resource_error_in_era(reply: JsonObj, uri: str, client: Era | None) -> JsonObj:
+    """An unknown resource's error as the client's era words it, whichever era the upstream answered in.
+
+    2026-07-28: -32602 with ``data.uri``; 2025: -32002 (a -32602 naming the URI in ``data.uri`` is a 2026
+    upstream's "not found"). Any other reply, or the gateway's own request, is left as it is.
+    """
+    error = reply.get("error")
+    if client is None or not isinstance(error, dict):
+        return reply
+    found = error.get("data")
+    data: JsonObj = found if isinstance(found, dict) else {}
+    code = error.get("code")
+    if client == "2026" and (code == RESOURCE_NOT_FOUND or (code == jsonrpc.INVALID_PARAMS and "uri" not in data)):
+        return {**reply, "error": {**error, "code": jsonrpc.INVALID_PARAMS, "data": {**data, "uri": uri}}}
+    if client == "2025" and code == jsonrpc.INVALID_PARAMS and data.get("uri") == uri:
+        return {**reply, "error": {**error, "code": RESOURCE_NOT_FOUND}}
+    return reply
 
 
 class ModernTwin:

@@ -17,7 +17,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import Resume, Upstream
-from satgate_mcp.upstream.eras import wants_modern_twin
+from satgate_mcp.upstream.eras import client_era, resource_error_in_era, wants_modern_twin
 from satgate_mcp.upstream.http import HttpUpstream
 from satgate_mcp.upstream.stdio import StdioUpstream
 from tests.conftest import HttpUpstreamProcess, upstream_command
@@ -114,3 +114,36 @@ async def test_a_single_era_upstream_gets_a_2026_client_in_the_era_it_has(
     finally:
         await upstream.close()
     assert first["protocolVersion"] == again["protocolVersion"] == seen
+
+
+NOT_FOUND_2025 = {"error": {"code": -32002, "message": "Resource not found", "data": {"uri": "memo://x"}}}
+NOT_FOUND_2026 = {"error": {"code": -32602, "message": "Resource not found", "data": {"uri": "memo://x"}}}
+BARE_2026 = {"error": {"code": -32602, "message": "Resource not found"}}
+OTHER = {"error": {"code": -32603, "message": "boom"}}
+FOUND: JsonObj = {"result": {"contents": []}}
+
+
+@pytest.mark.parametrize(("reply", "client", "code", "uri"), [
+    pytest.param(NOT_FOUND_2025, "2026", -32602, "memo://x", id="2025-upstream-to-2026-client"),
+    pytest.param(BARE_2026, "2026", -32602, "memo://x", id="lost-uri-restored"),
+    pytest.param(NOT_FOUND_2026, "2026", -32602, "memo://x", id="2026-as-it-is"),
+    pytest.param(NOT_FOUND_2026, "2025", -32002, "memo://x", id="2026-upstream-to-2025-session"),
+    pytest.param(NOT_FOUND_2025, "2025", -32002, "memo://x", id="2025-as-it-is"),
+    pytest.param(BARE_2026, "2025", -32602, None, id="an-invalid-params-not-naming-the-uri-stays"),
+    pytest.param(NOT_FOUND_2025, None, -32002, "memo://x", id="the-gateways-own-request"),
+    pytest.param(OTHER, "2026", -32603, None, id="other-errors-stay"),
+])
+def test_an_unknown_resource_is_worded_in_the_clients_era(reply: JsonObj, client: str | None, code: int,
+                                                           uri: str | None) -> None:
+    worded = resource_error_in_era(reply, "memo://x", client)  # type: ignore[arg-type]
+    assert worded["error"]["code"] == code
+    assert worded["error"].get("data", {}).get("uri") == uri
+    assert resource_error_in_era(FOUND, "memo://x", client) is FOUND  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("relay", "era"), [
+    pytest.param(FakeCarrier(), "2026", id="a-2026-clients-relay"),
+    pytest.param(None, None, id="the-gateway-itself"),
+])
+def test_whose_era_a_request_is(relay: object, era: str | None) -> None:
+    assert client_era(relay) == era
