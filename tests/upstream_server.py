@@ -8,7 +8,10 @@ cancellation (``hang``, ``cancelled_count``), crashes (``crash``), credential st
 server-to-client requests (``ask_client``). ``--prefix`` renames the tools and the prompt so two
 servers can advertise clashing or distinct names; ``--many-tools N`` adds N tools and makes
 ``tools/list`` paginate. ``--conformance`` adds the tools, resources, prompts, logging and resumable
-streams the official MCP conformance suite's server scenarios call (scripts/conformance.py).
+streams the official MCP conformance suite's server scenarios call (scripts/conformance.py). ``--era``
+chooses the revisions it serves: ``2025`` (the handshake only, the default), ``2026`` (2026-07-28 only, also
+``--modern-only``) or ``both`` (the SDK's default: the era the client opens with; the default of
+``--conformance``); ``seen_era`` answers which era a call came in and which client capabilities it carried.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ BASE_TOOLS: dict[str, JsonObj] = {
     "headers": _schema(),
     "seen_meta": _schema(),
     "whoami": _schema(),
+    "seen_era": _schema(),
     "add_tool": {"type": "object", "properties": {"name": {"type": "string"}, "standalone": {"type": "boolean"}}},
     "ask_client": _schema(method="string"),
 }
@@ -192,8 +196,12 @@ class State:
     hang_interrupted: int = 0
     log_level: str | None = None
     conformance: ConformanceState | None = None  # set by --conformance
-    modern_only: bool = False  # set by --modern-only
+    era: str = "2025"  # set by --era (or --modern-only, --conformance): "2025", "2026" or "both"
     trace_file: str | None = None  # set by --trace-file: each tool call's trace context, as received, appended
+
+    @property
+    def modern_only(self) -> bool:
+        return self.era == "2026"
 
     def tool_defs(self) -> list[JsonObj]:
         out = []
@@ -582,7 +590,7 @@ def build_server(state: State) -> Server[Any]:
 
     async def call_tool(ctx: ServerRequestContext[Any],
                         params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
-        if state.modern_only and params.name == f"{state.prefix}mrtr_ask":
+        if params.name == f"{state.prefix}mrtr_ask" and ctx.protocol_version == MODERN_REVISION:
             question = str((params.arguments or {}).get("question", "?"))
             found = mrtr_ask(question, params.input_responses, params.request_state)
             if found.get("resultType") == "input_required":
@@ -630,6 +638,10 @@ def build_server(state: State) -> Server[Any]:
             return _text(json.dumps(raw.get("_meta")))
         if tool == "whoami":
             return _text(state.name)
+        if tool == "seen_era":
+            declared = ctx.session.client_capabilities
+            seen = declared.model_dump(by_alias=True, exclude_none=True) if declared is not None else None
+            return _text(json.dumps({"protocolVersion": ctx.protocol_version, "capabilities": seen}))
         if tool in STREAM_TOOLS:
             return await run_stream_tool(state.name, ctx, tool, args)
         if tool == "add_tool":
@@ -743,7 +755,7 @@ def build_server(state: State) -> Server[Any]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         on_set_logging_level=set_level,
-        on_subscriptions_listen=ListenHandler(BUS) if state.modern_only else None,
+        on_subscriptions_listen=ListenHandler(BUS) if state.era != "2025" else None,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     return server
@@ -762,7 +774,7 @@ async def run_stdio(state: State) -> None:
     server = build_server(state)
     options = server.create_initialization_options()
     print(f"{state.name}: stdio server starting", file=sys.stderr, flush=True)
-    if state.conformance is not None:  # both revisions, as the SDK serves them (the era the client opens with)
+    if state.era == "both":  # both revisions, as the SDK serves them (the era the client opens with)
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, options)
         return
@@ -800,7 +812,7 @@ async def run_http(state: State, host: str, port: int, json_response: bool) -> N
     # The conformance block resumes streams (test_reconnection), which needs an event store.
     resumable: JsonObj = {"event_store": ConformanceEventStore(), "retry_interval": 100} if state.conformance else {}
     app = server.streamable_http_app(host=host, json_response=json_response, **resumable)
-    if state.conformance is None:  # the suite runs both revisions straight at this server: it serves both
+    if state.era != "both":
         app = era_gate(app, state.modern_only)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     web = uvicorn.Server(config)
@@ -827,19 +839,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
     parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
-    parser.add_argument("--modern-only", action="store_true",
-                        help="speak 2026-07-28 only (no initialize), serve subscriptions/listen, add the mrtr_ask tool")
+    parser.add_argument("--modern-only", action="store_true", help="the same as --era 2026")
+    parser.add_argument("--era", choices=["2025", "2026", "both"], default=None,
+                        help="the revisions served: 2025 (default; with --conformance: both), 2026-07-28 only "
+                             "(no initialize; subscriptions/listen and the mrtr_ask tool), or both")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     page_size = args.page_size if args.page_size is not None else (10 if args.many_tools else 0)
+    era = args.era or ("2026" if args.modern_only else "both" if args.conformance else "2025")
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
-                  conformance=ConformanceState() if args.conformance else None, modern_only=args.modern_only,
+                  conformance=ConformanceState() if args.conformance else None, era=era,
                   trace_file=args.trace_file)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
-    state.tools += [args.prefix + t for t in MODERN_TOOLS] if args.modern_only else []
+    state.tools += [args.prefix + t for t in MODERN_TOOLS] if era != "2025" else []
     if args.mode == "stdio":
         asyncio.run(run_stdio(state))
     else:

@@ -163,12 +163,10 @@ class Ask:
 
 @dataclass
 class Outcome:
-    """What a round ends with: the call's reply, the client's input to ask for, or a capability it lacks."""
+    """What a round ends with: the call's reply, or the client's input to ask for."""
 
     reply: JsonObj | None = None
     asks: list[Ask] = field(default_factory=list)
-    #: The client capabilities (``ClientCapabilities`` shape) the call needs and the client did not declare.
-    missing_capability: JsonObj | None = None
 
 
 class Flow:
@@ -181,6 +179,8 @@ class Flow:
         self.digest = digest
         self.capabilities = capabilities
         self.log_level = log_level
+        #: The client's own capabilities and clientInfo, as a 2026 upstream gets them in ``_meta``.
+        self.client_meta: JsonObj = {}
         self.emit = emit
         self.task: asyncio.Task[JsonObj] | None = None
         self.pending: dict[str, Ask] = {}
@@ -213,10 +213,11 @@ class Flow:
         return await self._outcomes.get()
 
     def ask(self, method: str, params: JsonObj | None) -> Ask | None:
-        """An upstream request for this call's client: queued for the client, or None when it lacks the capability."""
-        lacking = required_capability(method, params, self.capabilities)
-        if lacking is not None:
-            self._outcomes.put_nowait(Outcome(missing_capability=lacking))
+        """An upstream request for this call's client: queued for the client, or None when it lacks the capability.
+
+        None is refused back to the upstream, as the client itself would refuse it: the upstream decides what
+        the call becomes for a client without it (its own degraded answer), not the gateway (-32021)."""
+        if required_capability(method, params, self.capabilities) is not None:
             return None
         self._keys += 1
         ask = Ask(f"{method.split('/')[0]}-{self._keys}", method, params)
@@ -337,6 +338,9 @@ class ModernRelay:
         """A modern upstream answered ``input_required``: it goes to the client as it is (state sealed)."""
         self._flow.carried_from = upstream
 
+    def client_meta(self) -> JsonObj:
+        return self._flow.client_meta
+
     def admit(self) -> None:
         self.admitted.set()
 
@@ -372,20 +376,6 @@ class ModernRelay:
 
     def close(self) -> None:
         return None
-
-
-def missing_capability(result: JsonObj, capabilities: dict[str, object]) -> JsonObj | None:
-    """The client capabilities a modern upstream's ``inputRequests`` need that the client did not declare."""
-    asked = result.get("inputRequests")
-    required: JsonObj = {}
-    for request in (asked.values() if isinstance(asked, dict) else ()):
-        method = request.get("method") if isinstance(request, dict) else None
-        params = request.get("params") if isinstance(request, dict) else None
-        if isinstance(method, str):
-            for capability, detail in (required_capability(
-                    method, params if isinstance(params, dict) else None, capabilities) or {}).items():
-                required[capability] = {**required.get(capability, {}), **detail}
-    return required or None
 
 
 def carried_result(result: JsonObj, state: str) -> JsonObj:

@@ -23,6 +23,7 @@ from satgate_mcp.trace_spans import progress_event, relay_event
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
+from satgate_mcp.upstream.wire import META_CAPABILITIES
 
 log = structlog.get_logger("satgate_mcp.transport.relay")
 
@@ -198,6 +199,11 @@ class CallRelay:
 
     def lacks(self, method: str, params: JsonObj | None) -> JsonObj | None:
         return required_capability(method, params, self._capabilities())
+
+    def client_meta(self) -> JsonObj:
+        """The session's declared capabilities, for a 2026 upstream's ``_meta`` (unknown for a resumed session)."""
+        declared = self._capabilities()
+        return {META_CAPABILITIES: declared} if declared is not None else {}
 
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         if self.span is None:

@@ -215,7 +215,7 @@ class StatelessEndpoint:
         declared = meta.get(stateless_rules.META_CAPABILITIES)
         flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
-        flow.streaming = streams
+        flow.streaming, flow.client_meta = streams, stateless_rules.client_meta(meta)
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = stateless_rules.without_protocol_meta(message.params)
         if resume is not None:
@@ -236,17 +236,15 @@ class StatelessEndpoint:
             message.method, mrtr.input_required(list(flow.pending.values()), state)))
         return await stream.finish(reply) if streams else json_answer(reply)
 
-    def _carried(self, flow: mrtr.Flow, reply: JsonObj) -> JsonObj | Refusal:
+    def _carried(self, flow: mrtr.Flow, reply: JsonObj) -> JsonObj:
         """A modern upstream's ``input_required`` with its state sealed into the gateway's; other replies as they are.
 
-        Only what the client declared may be asked of it: else -32021, as for a 2025 upstream's requests.
+        Its ``inputRequests`` go to the client as written: the upstream was told what the client declared and
+        decided what to ask; the gateway does not refuse in its place.
         """
         result = reply.get("result")
         if flow.carried_from is None or not isinstance(result, dict) or result.get("resultType") != "input_required":
             return reply
-        lacking = mrtr.missing_capability(result, flow.capabilities)
-        if lacking is not None:
-            return _lacks(lacking)
         state = self._flows.seal_carried(flow, flow.carried_from, result.get("requestState"))
         return {**reply, "result": mrtr.carried_result(result, state)}
 
@@ -276,29 +274,15 @@ class StatelessEndpoint:
             watcher.cancel()
             if stop_keeping_alive is not None:
                 stop_keeping_alive()
-        if outcome.missing_capability is not None:
-            self._flows.done(flow)
-            flow.cancel("the client lacks a capability the call needs")
-            return refusal_answer(_lacks(outcome.missing_capability), message.id)
         if outcome.asks:
             return await self._ask(flow, stream, streams, message)
         self._flows.done(flow)
         assert outcome.reply is not None
         carried = self._carried(flow, outcome.reply)
-        if isinstance(carried, Refusal):
-            return refusal_answer(carried, message.id)
         reply, status = self._shaped(message.method, jsonrpc.with_id(carried, message.id))
         if not streams or status != 200:
             return json_answer(reply, status, headers=rules.reply_status(reply)[1])
         return await stream.finish(reply)
-
-
-def _lacks(required: JsonObj) -> Refusal:
-    names = ", ".join(repr(c) for c in sorted(required))
-    return stateless_rules.modern_error(
-        400, stateless_rules.MISSING_CLIENT_CAPABILITY, "missing_client_capability",
-        f"This call needs the client capability {names}, which the request did not declare",
-        {"requiredCapabilities": required})
 
 
 def _state_refused(why: str) -> Refusal:

@@ -237,6 +237,11 @@ def without_protocol_meta(params: JsonObj | None) -> JsonObj | None:
     return trimmed
 
 
+def client_meta(meta: Mapping[str, object]) -> JsonObj:
+    """What the client declared of itself (capabilities, clientInfo): what an upstream asked in 2026-07-28 gets."""
+    return {k: meta[k] for k in (META_CAPABILITIES, META_CLIENT_INFO) if isinstance(meta.get(k), dict)}
+
+
 def complete_result(method: str, result: JsonObj, *, cache_scope: str, server_info: JsonObj) -> JsonObj:
     """A 2025-shaped result as a modern one: ``resultType``, caching hints where required, ``serverInfo``."""
     shaped = dict(result)

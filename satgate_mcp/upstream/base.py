@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, cast, runtime_checkable
 
 from satgate_mcp.jsonrpc import JsonObj
 
@@ -120,10 +120,19 @@ class InputCarrier(Protocol):
     def carry(self, upstream: str, result: JsonObj) -> None: ...
 
 
+@runtime_checkable
+class Declares(Protocol):
+    """A relay that knows what its client declared: a 2026 upstream gets that in ``_meta`` in place of the
+    gateway's (capabilities, clientInfo), so it decides for the client that asked. ``{}``: unknown."""
+
+    def client_meta(self) -> JsonObj: ...
+
+
 #: Verdicts of the structural checks by type: ``isinstance`` against a runtime-checkable Protocol walks
 #: every member on each call (several microseconds), and a call's path asks it several times.
 _RELAY_TYPES: dict[type, bool] = {}
 _CARRIER_TYPES: dict[type, bool] = {}
+_DECLARES_TYPES: dict[type, bool] = {}
 
 
 def is_relay(value: object) -> TypeGuard[Relay]:
@@ -134,6 +143,13 @@ def is_relay(value: object) -> TypeGuard[Relay]:
 def is_input_carrier(value: object) -> TypeGuard[InputCarrier]:
     """``isinstance(value, InputCarrier)``, decided once per type, like ``is_relay``."""
     return _verdict(_CARRIER_TYPES, InputCarrier, value)
+
+
+def declared_meta(value: object) -> JsonObj | None:
+    """The client's own protocol ``_meta`` fields when the relay knows them, else None (the gateway's are sent)."""
+    if not _verdict(_DECLARES_TYPES, Declares, value):
+        return None
+    return cast(Declares, value).client_meta() or None
 
 
 def _verdict(cache: dict[type, bool], protocol: Any, value: object) -> bool:

@@ -23,8 +23,17 @@ from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.trace_spans import Attributes, upstream_attributes
-from satgate_mcp.upstream.base import ProgressCallback, Relay, event_within, is_input_carrier, is_relay
+from satgate_mcp.upstream.base import (
+    ProgressCallback,
+    Relay,
+    Upstream,
+    declared_meta,
+    event_within,
+    is_input_carrier,
+    is_relay,
+)
 from satgate_mcp.upstream.client_trace import client_attributes, traced_request
+from satgate_mcp.upstream.eras import ModernTwin, wants_modern_twin
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     MAX_INPUT_ROUNDS,
@@ -130,6 +139,10 @@ class UpstreamConnection(Generic[SpecT]):
         self._resource_subscriptions: set[str] = set()
         #: What every client span to this upstream records (made on the first traced request).
         self._span_attributes: Attributes | None = None
+        #: ``auto`` after the handshake: the upstream's 2026-07-28 side, looked for on the first 2026 request.
+        self._twin: ModernTwin | None = None
+        #: Set on a twin: an upstream that does not answer ``server/discover`` is not handshaken with instead.
+        self._discover_only = False
 
     @property
     def modern(self) -> bool:
@@ -181,6 +194,10 @@ class UpstreamConnection(Generic[SpecT]):
         budget = self._spec.timeout if timeout is None else timeout
         carrier = on_progress if is_input_carrier(on_progress) else None
         resume = carrier.resume if carrier is not None else None
+        if wants_modern_twin(self._spec.protocol, self._modern, "2026" if carrier is not None else None):
+            twin = await self._modern_side()
+            if twin is not None:  # the client's own era: the dual upstream answers it as the client asked
+                return await twin.request(method, params, on_progress=on_progress, timeout=timeout)
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
         if self._modern and method in SUBSCRIPTION_METHODS:
@@ -189,7 +206,8 @@ class UpstreamConnection(Generic[SpecT]):
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
             return await self._call(method, params, budget, on_progress)
-        params = with_modern_meta(params, on_progress.log_level() if is_relay(on_progress) else None)
+        params = with_modern_meta(params, on_progress.log_level() if is_relay(on_progress) else None,
+                                  declared_meta(on_progress))
         if resume is not None:
             params = retry_params(params, resume.responses, resume.state)
         reply = await self._call(method, params, budget, on_progress)
@@ -209,6 +227,23 @@ class UpstreamConnection(Generic[SpecT]):
             reply = await self._call(method, params, budget, on_progress)
         return reply if not is_input_required(reply) else input_refusal(
             self.name, f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
+
+    async def _modern_side(self) -> Upstream | None:
+        """The upstream's 2026-07-28 connection next to this 2025 one, None when it has none (probed once)."""
+        if self._twin is None:
+            if self._closing.is_set():
+                return None
+            self._twin = ModernTwin(self._make_twin, self._spec.timeout)
+            self._twin.on_notification = self._inbox.on_notification
+        return await self._twin.get()
+
+    def _make_twin(self) -> Upstream:
+        """A connection of the same transport to the same upstream that speaks 2026-07-28 only."""
+        raise NotImplementedError
+
+    async def _close_twin(self) -> None:
+        if self._twin is not None:
+            await self._twin.close()
 
     @property
     def resource_subscriptions(self) -> list[str]:

@@ -120,6 +120,7 @@ class HttpUpstream(HttpChannel):
     async def close(self) -> None:
         if not self._begin_close():
             return
+        await self._close_twin()
         tasks = [t for t in (self._connector, self._listener) if t is not None]
         for task in tasks:
             task.cancel()
@@ -184,6 +185,8 @@ class HttpUpstream(HttpChannel):
         if protocol == "2026" and await self._discover():
             self._became_ready(reason, None)
             return
+        if self._discover_only:
+            raise UpstreamUnavailable(f"upstream {self.name!r} does not answer server/discover")
         message = jsonrpc.request_message(next(self._ids), "initialize", initialize_params())
         try:
             async with asyncio.timeout(initialize_timeout(self._spec.timeout)):
@@ -206,6 +209,14 @@ class HttpUpstream(HttpChannel):
             self._log.warning("upstream_initialized_refused", status=status)
         self._init_result = result
         self._became_ready(reason, session_id)
+
+    def _make_twin(self) -> HttpUpstream:
+        """A sessionless connection to the same URL: 2026-07-28 requests beside the 2025 session."""
+        twin = HttpUpstream(self.name, self._spec.model_copy(update={"protocol": "2026"}), publisher=self._publisher,
+                            metrics=self._metrics, client_session_factory=self._factory,
+                            restart_policy=self._policy, listen=self._listen_enabled)
+        twin._discover_only = True
+        return twin
 
     async def _discover(self) -> bool:
         """Whether the upstream speaks 2026-07-28 (then it is ready, with no session); any failure means 2025."""

@@ -8,7 +8,6 @@ comes with the reply. What a lost connection means for the session is the subcla
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -23,7 +22,7 @@ from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.trace_context import inject_headers
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers
-from satgate_mcp.upstream.wire import RestartPolicy, SseDecoder, clip, modern_headers, resume_delay
+from satgate_mcp.upstream.wire import RestartPolicy, SseDecoder, clip, modern_headers
 
 #: Resumptions of a paused call stream in a row that may bring nothing new before the call fails.
 RESUME_ATTEMPTS = 3
@@ -91,14 +90,15 @@ class HttpChannel(UpstreamConnection[HttpUpstreamSpec]):
     async def _resume_stream(self, decoder: SseDecoder, want: RequestId, route: str | None) -> JsonObj | None:
         """The upstream closed a call's stream before its answer (SEP-1699 polling): resume it with ``Last-Event-ID``.
 
-        The client's stream closes likewise, so it polls the gateway as it would the upstream. Gives up
-        (None) when the upstream refuses the resumption or a few resumptions in a row bring nothing new.
+        The client's stream closes likewise, so it polls the gateway as it would the upstream. The upstream is
+        resumed at once, not after its ``retry``: the client's own wait is the poll interval, and a client that
+        came back finds what the upstream said meanwhile. Gives up (None) when the upstream refuses the
+        resumption or a few resumptions in a row bring nothing new.
         """
         assert self._http is not None
         await self._inbox.pause(route)
         fruitless = 0
         while fruitless < RESUME_ATTEMPTS:
-            await asyncio.sleep(resume_delay(decoder.retry_ms))
             seen = decoder.last_id
             assert seen is not None
             headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=self._session_id,

@@ -23,6 +23,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, STALE_AFTER
+from satgate_mcp.upstream.eras import client_era, resource_error_in_era
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 from satgate_mcp.upstream.listings import UpstreamListings
 from satgate_mcp.upstream.surface import merged_capabilities, unlisted_tool
@@ -225,7 +226,9 @@ class UpstreamPool(UpstreamListings):
         return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
 
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
-        return await self._resource_request("resources/read", params, on_progress)
+        """The owner's answer; an unknown resource's error in the client's era (-32602 + data.uri, or -32002)."""
+        reply = await self._resource_request("resources/read", params, on_progress)
+        return resource_error_in_era(reply, str((params or {}).get("uri", "")), client_era(on_progress))
 
     async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         """Remembered per upstream (the subscriptions table counts sessions), so a restarted upstream is asked again."""
@@ -273,7 +276,11 @@ class UpstreamPool(UpstreamListings):
     async def _resource_request(self, method: str, params: JsonObj | None,
                                 on_progress: ProgressCallback | None) -> JsonObj:
         uri = str((params or {}).get("uri", ""))
-        return await self._forward(method, params, self._resource_candidates(uri), f"resource {uri!r}", on_progress)
+        candidates = self._resource_candidates(uri)
+        if not candidates:
+            raise UnknownTarget(f"No upstream offers resource {uri!r}",
+                                {"error": "unknown_target", "method": method, "uri": uri[:2000]})
+        return await self._forward(method, params, candidates, f"resource {uri!r}", on_progress)
 
     def _resource_candidates(self, uri: str) -> list[str]:
         return self._candidates(self._catalog.uri_owner(uri), "resources")

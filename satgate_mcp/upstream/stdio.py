@@ -105,6 +105,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         if not self._begin_close():
             return
         self._fail_pending(f"upstream {self.name!r} is shutting down")
+        await self._close_twin()
         proc = self._proc
         if proc is not None:
             await self._stop_child(proc)
@@ -203,6 +204,8 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._modern = False
         protocol = self._spec.protocol
         discovered = await self._discover() if protocol == "2026" and not self._skip_discover else None
+        if discovered is None and self._discover_only:
+            raise UpstreamUnavailable(f"upstream {self.name!r} does not answer server/discover")
         if discovered is None:
             reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout),
                                           None)
@@ -219,6 +222,13 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
         self._init_result = result
+
+    def _make_twin(self) -> StdioUpstream:
+        """A second child: a stdio server serves the era of the first request on its pipe, and only that one."""
+        twin = StdioUpstream(self.name, self._spec.model_copy(update={"protocol": "2026"}), publisher=self._publisher,
+                             metrics=self._metrics, restart_policy=self._policy, instance="2026-07-28")
+        twin._discover_only = True
+        return twin
 
     async def _relisten(self) -> None:
         """The new filter's listen request first, then the old one cancelled: an update may come twice, never not

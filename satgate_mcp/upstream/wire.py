@@ -84,12 +84,17 @@ def modern_meta() -> JsonObj:
             META_CLIENT_INFO: {"name": SERVER_NAME, "version": __version__}}
 
 
-def with_modern_meta(params: JsonObj | None, log_level: str | None = None) -> JsonObj:
+def with_modern_meta(params: JsonObj | None, log_level: str | None = None, client: JsonObj | None = None) -> JsonObj:
     """``params`` with the modern ``_meta`` fields added (a caller's ``progressToken`` and the like kept), and the
-    caller's log level when it wants log messages (a modern upstream sends none otherwise)."""
+    caller's log level when it wants log messages (a modern upstream sends none otherwise).
+
+    ``client``: a 2026-07-28 client's own protocol fields (its capabilities, its clientInfo), which replace the
+    gateway's: the upstream decides for the client that asked, not for the gateway."""
     params = params or {}
     meta = params.get("_meta")
-    added = {**modern_meta(), META_LOG_LEVEL: log_level} if log_level is not None else modern_meta()
+    added = {**modern_meta(), **(client or {})}
+    if log_level is not None:
+        added[META_LOG_LEVEL] = log_level
     return {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), **added}}
 
 
@@ -300,16 +305,6 @@ class SseEvent:
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-#: A paused stream is resumed after the server's ``retry`` wait, but never sooner or later than these (seconds).
-RESUME_DELAY_BOUNDS = (0.01, 5.0)
-
-
-def resume_delay(retry_ms: int | None) -> float:
-    """How long to wait before resuming an upstream stream it closed mid-call (SEP-1699 polling)."""
-    low, high = RESUME_DELAY_BOUNDS
-    return min(high, max(low, (retry_ms if retry_ms is not None else 100) / 1000))
 
 
 class SseDecoder:

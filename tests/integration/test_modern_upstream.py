@@ -257,10 +257,19 @@ async def test_another_tokens_retry_and_a_tampered_state_are_refused(gateway: Ga
     assert answer_of(done["content"][0]["text"]) == {"action": "accept", "content": {"answer": "mine"}}
 
 
-async def test_a_2026_client_without_elicitation_gets_minus_32021(gateway: GatewayProcess) -> None:
+async def test_a_2026_client_without_elicitation_gets_what_the_upstream_decided(gateway: GatewayProcess) -> None:
+    """The upstream saw the client's own (empty) capabilities and asked anyway: its answer passes as written."""
     token = await mint(gateway, "plain")
     body = _call(1)
     body["params"]["_meta"] = {**META, "io.modelcontextprotocol/clientCapabilities": {}}
-    refused = _json_of(await _post(gateway, token, body))
-    assert refused["error"]["code"] == -32021
-    assert refused["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}
+    answered = _json_of(await _post(gateway, token, body))
+    assert answered["result"]["resultType"] == "input_required"
+    assert list(answered["result"]["inputRequests"]) == ["ask"]
+
+
+async def test_a_2025_sessions_own_capabilities_reach_the_modern_upstream(gateway: GatewayProcess) -> None:
+    token = await mint(gateway, "declares")
+    async with legacy_client(gateway, token, elicits=False) as session:
+        seen = json.loads(await text_of(session.call_tool("seen_era", {})))
+    assert seen["protocolVersion"] == MODERN
+    assert "elicitation" not in (seen["capabilities"] or {})  # the session's declaration, not the gateway's

@@ -7,6 +7,7 @@ The gateway is the real app in header mode (macaroon tokens); the upstream is a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -132,15 +133,34 @@ def test_attack_a_carried_state_pointed_at_another_upstream_does_not_verify() ->
     assert payload != other_payload
 
 
-def test_only_declared_inputs_may_be_asked_of_a_modern_client() -> None:
-    result = {"inputRequests": {"a": {"method": "elicitation/create"}, "b": {"method": "sampling/createMessage"}}}
-    assert mrtr.missing_capability(result, {"elicitation": {}, "sampling": {}}) is None
-    assert mrtr.missing_capability(result, {"elicitation": {}}) == {"sampling": {}}
-    assert mrtr.missing_capability(result, {}) == {"elicitation": {}, "sampling": {}}
-    assert mrtr.missing_capability({"requestState": "s"}, {}) is None
-    url = {"inputRequests": {"u": {"method": "elicitation/create", "params": {"mode": "url", "url": "https://x"}}}}
-    assert mrtr.missing_capability(url, {"elicitation": {}}) == {"elicitation": {"url": {}}}
-    assert mrtr.missing_capability(url, {"elicitation": {"url": {}}}) is None
+@pytest.mark.parametrize(("method", "params", "capabilities", "asked"), [
+    pytest.param("elicitation/create", None, {"elicitation": {}}, True, id="declared"),
+    pytest.param("sampling/createMessage", None, {"elicitation": {}}, False, id="sampling-undeclared"),
+    pytest.param("elicitation/create", None, {}, False, id="nothing-declared"),
+    pytest.param("elicitation/create", {"mode": "url", "url": "https://x"}, {"elicitation": {}}, False,
+                 id="url-mode-undeclared"),
+    pytest.param("elicitation/create", {"mode": "url", "url": "https://x"}, {"elicitation": {"url": {}}}, True,
+                 id="url-mode-declared"),
+])
+async def test_an_input_the_client_did_not_declare_is_refused_back_to_the_upstream(
+        method: str, params: JsonObj | None, capabilities: JsonObj, asked: bool) -> None:
+    """The upstream hears the refusal the client itself would give and decides what the call becomes."""
+    async def emit(message: JsonObj) -> bool:
+        return True
+
+    flow = mrtr.Flow("h", "d", capabilities, None, emit)
+    relay = mrtr.ModernRelay(flow, "s")
+    if not asked:
+        refused = await relay.ask(method, params, 5.0)
+        assert refused["error"]["data"]["error"] == "not_relayed"
+        return
+    answering = asyncio.ensure_future(relay.ask(method, params, 5.0))
+    [ask] = (await flow.next_outcome()).asks
+    assert flow.answer({ask.key: {"action": "decline"}}) == []
+    assert (await answering)["result"] == {"action": "decline"}
+
+
+def test_a_carried_result_keeps_the_upstreams_requests_and_takes_the_gateways_state() -> None:
     assert mrtr.carried_result({"resultType": "input_required", "requestState": "theirs"}, "ours") == {
         "resultType": "input_required", "requestState": "ours"}
 
@@ -297,12 +317,13 @@ async def test_a_retry_that_reaches_a_process_without_the_waiting_call_is_told_t
     assert "issue the call again" in refused["error"]["message"]
 
 
-async def test_a_client_that_did_not_declare_the_capability_gets_minus_32021(start: StartGateway) -> None:
+async def test_a_client_that_did_not_declare_the_capability_lets_the_upstream_decide(start: StartGateway) -> None:
+    """Not -32021 in the upstream's place: the upstream hears the refusal and answers as it chooses."""
     gw = await start()
-    status, refused = await gw.call(ALICE, ASK, capabilities={})
-    assert status == 400
-    assert refused["error"]["code"] == -32021
-    assert refused["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}
+    status, answered = await gw.call(ALICE, ASK, capabilities={})
+    assert status == 200
+    assert gw.pool.answers[-1]["error"]["data"]["error"] == "not_relayed"
+    assert "not_relayed" in answered["result"]["content"][0]["text"]
 
 
 async def test_input_fields_on_a_method_without_rounds_are_refused(start: StartGateway) -> None:

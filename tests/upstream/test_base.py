@@ -29,6 +29,9 @@ class CarryingRelay(FullRelay):
 
     def carry(self, upstream: str, result: JsonObj) -> None: ...
 
+    def client_meta(self) -> JsonObj:
+        return {}
+
 
 async def progress_only(params: JsonObj) -> None: ...
 

@@ -127,9 +127,10 @@ class FakeCarrier:
 
     session_key = "s"
 
-    def __init__(self, resume: Resume | None = None) -> None:
+    def __init__(self, resume: Resume | None = None, capabilities: JsonObj | None = None) -> None:
         self.resume = resume
         self.carried: list[tuple[str, JsonObj]] = []
+        self.capabilities = capabilities if capabilities is not None else {"elicitation": {}}
 
     async def __call__(self, params: JsonObj) -> None:
         return None
@@ -151,6 +152,9 @@ class FakeCarrier:
 
     def carry(self, upstream: str, result: JsonObj) -> None:
         self.carried.append((upstream, result))
+
+    def client_meta(self) -> JsonObj:
+        return {wire.META_CAPABILITIES: self.capabilities}
 
 
 @pytest.mark.process
