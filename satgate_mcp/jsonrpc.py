@@ -6,6 +6,7 @@ Pure data: nothing here knows about HTTP, sessions or upstreams, so every layer 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -35,15 +36,28 @@ def has_long_digit_run(raw: bytes) -> bool:
     return raw.translate(_DIGITS_AS_ONES).find(_LONG_RUN) != -1  # `in` would make and drop a TypeError first
 
 
+#: A ``\\uD800``-``\\uDFFF`` escape: a surrogate, which JSON may spell but Unicode text cannot hold on its own.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def loads(raw: bytes) -> Any:
     """orjson first; the standard library for what it refuses (NaN) or would round (integers beyond 64
-    bits), so the gateway reads exactly the JSON it always read. Raises ValueError or RecursionError."""
+    bits), so the gateway reads exactly the JSON it always read. Raises ValueError or RecursionError.
+
+    A lone surrogate (``"\\ud800"``) is refused as orjson refuses it: no later step (a log line, a record's
+    key, a digest, an upstream's pipe) could encode it, and each used to fail with a 500."""
     if not has_long_digit_run(raw):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw)
+    value = json.loads(raw)
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        try:  # a valid pair was joined into one character: only a lone half fails to encode
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a lone UTF-16 surrogate in a JSON string") from None
+    return value
 
 
 PARSE_ERROR = -32700

@@ -10,6 +10,7 @@ line on stdout has one shape.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import re
 import sys
@@ -185,7 +186,10 @@ def _orjson_default(value: Any) -> str:
 
 
 def _render_json(_logger: Any, _name: str, event_dict: EventDict) -> bytes:
-    return orjson.dumps(event_dict, default=_orjson_default, option=orjson.OPT_NON_STR_KEYS)
+    try:
+        return orjson.dumps(event_dict, default=_orjson_default, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # text orjson cannot encode (a lone surrogate from a header, say): escaped, never lost
+        return json.dumps(event_dict, default=str, ensure_ascii=True).encode("ascii")
 
 
 class LineSink:

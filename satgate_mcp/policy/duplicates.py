@@ -130,7 +130,8 @@ def duplicate_key(token_id: str, session_id: str, request_id: RequestId, params:
     except TypeError:  # integers past 64 bits and other values orjson refuses
         blob = b""
     if not blob:
-        blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+        blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          default=str).encode("utf-8", "surrogatepass")
     return hashlib.sha256(blob).hexdigest()
 
 

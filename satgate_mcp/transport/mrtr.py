@@ -79,7 +79,7 @@ def request_digest(method: str, params: JsonObj | None) -> str:
     """What identifies the original request: its method and params, without the retry's own fields."""
     kept = {k: v for k, v in (params or {}).items() if k not in RETRY_FIELDS}
     canonical = json.dumps([method, kept], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _b64(data: bytes) -> str:

@@ -201,3 +201,47 @@ async def test_any_header_bytes_get_a_4xx_json_rpc_answer_or_pass_never_a_5xx(
     if answer.status >= 400 and answer.is_json:  # aiohttp's own parser refuses some bytes before the app sees them
         answer.json_rpc_error()
     assert (await any_mode_client.get("/healthz")).status == 200
+
+
+# --- a lone UTF-16 surrogate (issue 31) ------------------------------------------------------------------------
+# JSON may spell "\ud800", but no text can hold it: the log renderer, the duplicate key and the request digest each
+# raised on it, and the client got a 500. Such a body is refused as orjson refuses it, wherever the surrogate sits.
+
+SURROGATE = "\\ud800"
+SURROGATE_BODIES = {
+    "method": f'{{"jsonrpc":"2.0","id":2,"method":"{SURROGATE}"}}',
+    "id": f'{{"jsonrpc":"2.0","id":"{SURROGATE}","method":"ping"}}',
+    "tool-name": f'{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"{SURROGATE}"}}}}',
+    "argument": f'{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"echo",'
+                f'"arguments":{{"text":"{SURROGATE}"}}}}}}',
+    "uri": f'{{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{{"uri":"x{SURROGATE}"}}}}',
+    "meta": f'{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"echo","_meta":{{"{SURROGATE}":1}}}}}}',
+    "low-half": '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"\\udc00"}}',
+    "in-a-batch": f'[{{"jsonrpc":"2.0","id":8,"method":"ping"}},{{"jsonrpc":"2.0","id":9,"method":"{SURROGATE}"}}]',
+}
+
+
+@pytest.mark.parametrize("where", SURROGATE_BODIES)
+async def test_attack_a_lone_surrogate_anywhere_is_a_parse_error_not_a_500(
+        aiohttp_client: AiohttpClient, where: str) -> None:
+    from satgate_mcp.events import LogPublisher
+
+    app = create_app(Settings(state_dir="memory", tool_costs={"echo": 1.0}), authenticator=NoAuthenticator(),
+                     pool=FakePool(), publisher=LogPublisher())
+    client = await aiohttp_client(app)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "Mcp-Session-Id": await open_session(client)}
+    resp = await client.post("/mcp", data=SURROGATE_BODIES[where].encode(), headers=headers)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == -32700
+    ok = await client.post("/mcp", data=b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"echo",'
+                                        b'"arguments":{"text":"\\ud83d\\ude00 a pair is text"}}}', headers=headers)
+    assert ok.status == 200
+    assert "\U0001F600" in await ok.text()
+
+
+def test_a_log_line_with_a_lone_surrogate_is_written_escaped() -> None:
+    from satgate_mcp.logs import _render_json
+
+    line = _render_json(None, "info", {"event": "http_request", "path": "/mcp\ud800"})
+    assert json.loads(line)["path"] == "/mcp\ud800"
