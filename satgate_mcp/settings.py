@@ -175,6 +175,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     #: Seconds one Redis command (or connect) may take before it counts as a store fault.
     redis_timeout: float = Field(default=0.5, gt=0)
+    #: Connections each Redis client keeps open at most; a command waits (within the timeout) for a free one.
+    redis_max_connections: int = Field(default=64, ge=1, le=10_000)
     #: On a store fault, ``closed`` answers 503 + Retry-After (never a 401); ``open`` lets the check pass.
     store_fail_mode: Literal["closed", "open"] = "closed"
     #: Seals 2026-07-28 multi round-trip state when there is no root key: comma separated, the first seals.

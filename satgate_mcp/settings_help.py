@@ -147,6 +147,13 @@ MEANINGS: dict[str, str] = {
         "live in the URL's database and the pub/sub channels are named for it (`satgate:revoked:events@db3`; "
         "database 0 keeps the plain names), so neither hears the other's revocations or DELETEs."
     ),
+    "redis_max_connections": (
+        "Connections each Redis client of a process keeps open at most (the stores' and the DELETE "
+        "tombstones'; the revocation mirror, which asks Redis only until it has synced, keeps the default). "
+        "Under load a slow Redis no longer makes the gateway open connections without bound: a command waits "
+        "for a free connection instead, and that wait counts against `SATGATE_REDIS_TIMEOUT` like the command "
+        "itself."
+    ),
     "redis_timeout": (
         "Seconds one Redis command (or connect) may take, and the store time of a whole call: its rate "
         "bucket, duplicate record, charge and settlement share this one allowance, so a slow or paused store "

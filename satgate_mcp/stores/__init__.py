@@ -49,6 +49,9 @@ class StoreSettings(StateSettings, Protocol):
     @property
     def auth_mode(self) -> str: ...
 
+    @property
+    def redis_max_connections(self) -> int: ...
+
 
 class StoreProbe(Protocol):
     """Whether the store answers now (bounded by SATGATE_REDIS_TIMEOUT; never raises): what ``/readyz`` reports."""
@@ -107,8 +110,8 @@ def open_stores(settings: StoreSettings, *, environ: Mapping[str, str] | None = 
     configured = _configured(settings) if uses_revocations(settings.auth_mode) else None
     files = tuple(revocation_files(configured))
     if settings.redis_url:
-        return _redis_stores(settings.redis_url, settings.redis_timeout, configured or MemoryRevocationStore(),
-                             files, on_error)
+        return _redis_stores(settings.redis_url, settings.redis_timeout, settings.redis_max_connections,
+                             configured or MemoryRevocationStore(), files, on_error)
     folder = state_folder(settings, environ)
     if folder is None:
         revocations = configured or MemoryRevocationStore()
@@ -129,10 +132,10 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
                   files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose))
 
 
-def _redis_stores(url: str, timeout: float, revocations: RevocationStore, files: tuple[FileRevocationStore, ...],
-                  on_error: Callable[[str], None]) -> Stores:
-    policy = RedisStores.from_url(url, timeout=timeout)
-    tombstones = RedisTombstones(url, timeout=timeout, on_error=on_error)
+def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
+                  files: tuple[FileRevocationStore, ...], on_error: Callable[[str], None]) -> Stores:
+    policy = RedisStores.from_url(url, timeout=timeout, max_connections=max_connections)
+    tombstones = RedisTombstones(url, timeout=timeout, max_connections=max_connections, on_error=on_error)
     probe = RedisProbe(url, timeout)
     # The arrival of a guarded call and its charge in one script: one round trip where the stores would take two.
     admissions = RedisAdmissions(policy.client)

@@ -17,9 +17,20 @@ def no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
-def connect(url: str, *, timeout: float) -> redis.Redis:
-    """A client whose every command and connect is bounded by ``timeout``, tried once."""
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=no_retry())
+#: Connections one client keeps open at most (``SATGATE_REDIS_MAX_CONNECTIONS``).
+DEFAULT_MAX_CONNECTIONS = 64
+
+
+def connect(url: str, *, timeout: float, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> redis.Redis:
+    """A client whose every command and connect is bounded by ``timeout``, tried once, over at most
+    ``max_connections`` connections: a slow Redis under load makes commands wait for a free connection (within
+    the same timeout, and the call's store time) instead of opening connections without bound."""
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout,
+                                                 socket_timeout=timeout, socket_connect_timeout=timeout,
+                                                 retry=no_retry())
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # as Redis.from_url does: closing the client closes its pool
+    return client
 
 
 def subscriber(url: str, *, timeout: float) -> redis.Redis:

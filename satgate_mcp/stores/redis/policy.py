@@ -21,7 +21,7 @@ import redis.asyncio as redis
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Table
 from satgate_mcp.policy.limits import Bucket
-from satgate_mcp.stores.redis.client import connect
+from satgate_mcp.stores.redis.client import DEFAULT_MAX_CONNECTIONS, connect
 
 DEFAULT_PREFIX = "satgate:"
 
@@ -166,7 +166,7 @@ class RedisRateLimiter:
 
 class RedisBudgetStore:
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
-        self._client = client
+        self.client = client
         self._prefix = prefix + "budget:"
         self._charge = client.register_script(_CHARGE_LUA)
         self._refund = client.register_script(_REFUND_LUA)
@@ -182,7 +182,7 @@ class RedisBudgetStore:
         await self._refund(keys=[self._prefix + key], args=[num_arg(amount)])
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None:
-        stored_limit, spent = await self._client.hmget(self._prefix + key, ["limit", "spent"])
+        stored_limit, spent = await self.client.hmget(self._prefix + key, ["limit", "spent"])
         if stored_limit is None:
             return limit
         return float(stored_limit) - float(spent or 0)
@@ -237,8 +237,9 @@ class RedisStores:
                    RedisDuplicateStore(client, prefix=prefix, ttl=duplicate_ttl))
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 0.5) -> RedisStores:
-        client = connect(url, timeout=timeout)
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, timeout: float = 0.5,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> RedisStores:
+        client = connect(url, timeout=timeout, max_connections=max_connections)
         return cls.from_client(client, prefix=prefix)
 
     async def aclose(self) -> None:

@@ -19,7 +19,7 @@ import redis.asyncio as redis
 import structlog
 
 from satgate_mcp.stores.redis.channel import ChannelFollower
-from satgate_mcp.stores.redis.client import connect
+from satgate_mcp.stores.redis.client import DEFAULT_MAX_CONNECTIONS, connect
 
 DEFAULT_PREFIX = "satgate:tomb:"
 
@@ -29,10 +29,11 @@ log = structlog.get_logger("satgate_mcp.shared_tombstones")
 class RedisTombstones:
     """Tombstones shared by every process on one Redis; ``on_remote_delete`` ends a live copy here."""
 
-    def __init__(self, url: str, *, timeout: float, prefix: str = DEFAULT_PREFIX,
+    def __init__(self, url: str, *, timeout: float, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 prefix: str = DEFAULT_PREFIX,
                  on_remote_delete: Callable[[str], None] = lambda _: None,
                  on_error: Callable[[str], None] = lambda _: None) -> None:
-        self._redis = connect(url, timeout=timeout)
+        self._redis = connect(url, timeout=timeout, max_connections=max_connections)
         self._prefix = prefix
         self.on_remote_delete = on_remote_delete
         self._on_error = on_error
