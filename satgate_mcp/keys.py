@@ -37,6 +37,8 @@ TOMBSTONES = web.AppKey("tombstones", RedisTombstones)
 SESSION_ID = web.RequestKey("session_id", str)
 RPC_METHOD = web.RequestKey("rpc_method", str)
 TOKEN_ID = web.RequestKey("token_id", str)
+#: Set when the answer must close the connection (a body that never arrived: nothing more can be read on it).
+CLOSE_CONNECTION = web.RequestKey("close_connection", bool)
 
 #: The ``data.error`` reason of a refusal answer: what the HTTP request's span records as its ``error.type``.
 REFUSAL_REASON = web.ResponseKey("refusal_reason", str)

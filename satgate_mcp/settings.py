@@ -169,6 +169,8 @@ class Settings(BaseSettings):
     #: This start may take over a port another process already listens on (``serve --handover``).
     handover: bool = False
     drain_seconds: float = Field(default=25.0, ge=0)
+    #: Seconds a client may take to send a request's body, or to start its next request on a connection.
+    read_timeout: float = Field(default=10.0, gt=0, le=3600)
     #: A 2025-11-25 answer stream quiet this long is closed mid-call (SEP-1699 polling): the client resumes it
     #: with Last-Event-ID, so no connection is held through a long call. 0: streams stay open (keep-alives).
     sse_poll_seconds: float = Field(default=0.0, ge=0)

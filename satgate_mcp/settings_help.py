@@ -147,6 +147,12 @@ MEANINGS: dict[str, str] = {
         "live in the URL's database and the pub/sub channels are named for it (`satgate:revoked:events@db3`; "
         "database 0 keeps the plain names), so neither hears the other's revocations or DELETEs."
     ),
+    "read_timeout": (
+        "Seconds a client may take to send a request's body (a body trickled slower is answered 408 "
+        "`read_timeout` and the connection closed), and how long a connection may stay open without sending a "
+        "request, its first included (headers never finished are cut after this long). Idle keep-alive "
+        "connections close after it too; clients reconnect."
+    ),
     "redis_max_connections": (
         "Connections each Redis client of a process keeps open at most (the stores' and the DELETE "
         "tombstones'; the revocation mirror, which asks Redis only until it has synced, keeps the default). "

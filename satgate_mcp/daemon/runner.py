@@ -72,9 +72,12 @@ class _GatewayRunner(web.AppRunner):
 
     __slots__ = ("_shutdown_sent",)
 
-    def __init__(self, app: web.Application) -> None:
-        # The request middleware writes the canonical line; aiohttp's access log would repeat it.
-        super().__init__(app, shutdown_timeout=CUT_GRACE_SECONDS, access_log=None)
+    def __init__(self, app: web.Application, *, read_timeout: float) -> None:
+        # The request middleware writes the canonical line; aiohttp's access log would repeat it. A connection
+        # that sends no request for ``read_timeout`` (its first one too, headers unfinished) is closed, and the
+        # rest of a body refused unread is waited for no longer than that either.
+        super().__init__(app, shutdown_timeout=CUT_GRACE_SECONDS, access_log=None,
+                         keepalive_timeout=read_timeout, lingering_time=read_timeout)
         self._shutdown_sent = False
 
     async def shutdown(self) -> None:
@@ -215,7 +218,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         # Outermost, so a request counts as busy until every other middleware is done with its response.
         app.middlewares.insert(0, tracker.middleware)
         app.on_response_prepare.append(tracker.on_response_prepare)
-        runner = _GatewayRunner(app)
+        runner = _GatewayRunner(app, read_timeout=settings.read_timeout)
         code = await _serve_until_stopped(runner, tracker, listeners, settings, stop, cut, notifier, clock)
     except ConfigError as exc:
         failure = exc  # raised once cleanup is done: the CLI logs it and prints its one line

@@ -7,6 +7,7 @@ requests, the legacy /sse): one place counts and publishes authentication failur
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from aiohttp import web
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Authenticator, Identity
 from satgate_mcp.events import Publisher
-from satgate_mcp.keys import TOKEN_ID
+from satgate_mcp.keys import CLOSE_CONNECTION, TOKEN_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import rules
@@ -69,17 +70,23 @@ class RequestChecks:
         return self._host_origin(headers.get("Host"), headers.get("Origin"))
 
     async def read_body(self, request: web.Request) -> bytes | Refusal:
-        """The body, or 413 once it passes the limit; we never buffer more than limit + one chunk."""
+        """The body, or 413 once it passes the limit (we never buffer more than limit + one chunk), or 408 when
+        it does not arrive within ``SATGATE_READ_TIMEOUT``: a body trickled byte by byte holds nothing for long."""
         limit = self._settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return rules.body_too_large(limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                return rules.body_too_large(limit)
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self._settings.read_timeout):
+                async for chunk in request.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        return rules.body_too_large(limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            request[CLOSE_CONNECTION] = True  # the rest of the body would be waited for on a kept-alive connection
+            return rules.read_timeout(self._settings.read_timeout)
         return b"".join(chunks)
 
     async def principal(self, request: web.Request) -> Principal | Refusal:

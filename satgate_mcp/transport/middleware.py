@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import Counter
 
-from satgate_mcp.keys import RPC_METHOD, SESSION_ID, TOKEN_ID
+from satgate_mcp.keys import CLOSE_CONNECTION, RPC_METHOD, SESSION_ID, TOKEN_ID
 from satgate_mcp.logs import ACCESS_FIELDS
 from satgate_mcp.metrics import Metrics
 
@@ -60,6 +60,8 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
         try:
             response = await handler(request)
             status = response.status
+            if request.get(CLOSE_CONNECTION):
+                response.force_close()
             return response
         except web.HTTPException as exc:
             status = exc.status

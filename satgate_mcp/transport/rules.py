@@ -180,6 +180,10 @@ def body_too_large(limit: int) -> Refusal:
     return Refusal(413, "body_too_large", f"request body is larger than {limit} bytes")
 
 
+def read_timeout(seconds: float) -> Refusal:
+    return Refusal(408, "read_timeout", f"the request body did not arrive within {seconds:g} seconds")
+
+
 PARSE_ERROR = Refusal(400, "parse_error", "Parse error: the body is not valid JSON", code=jsonrpc.PARSE_ERROR)
 MISSING_SESSION = Refusal(400, "missing_session_id", "Bad Request: Mcp-Session-Id header is required")
 INVALID_SESSION = Refusal(400, "invalid_session_id", "Bad Request: Mcp-Session-Id header is malformed")

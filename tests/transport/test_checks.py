@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from aiohttp.test_utils import make_mocked_request
+import asyncio
+from collections.abc import AsyncIterator
 
-from satgate_mcp.auth.base import Identity, StaticTokenAuthenticator
+from aiohttp.test_utils import make_mocked_request
+from pytest_aiohttp import AiohttpClient
+
+from satgate_mcp.app import create_app
+from satgate_mcp.auth.base import Identity, NoAuthenticator, StaticTokenAuthenticator
+from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.settings import Settings
 from satgate_mcp.transport.checks import Principal
 from satgate_mcp.transport.rules import Refusal
 from tests.fakes import FakePool
@@ -38,3 +45,23 @@ async def test_the_host_and_origin_guard_decides_each_pair_of_values_on_its_own(
         assert verdict("127.0.0.1:8080", "https://evil.example") == "origin_not_allowed"
         assert verdict("evil.example:8080") == "host_not_allowed"
         assert verdict("evil.example:8080", "http://localhost:3000") == "host_not_allowed"
+
+
+async def test_attack_a_body_trickled_slower_than_the_read_timeout_is_answered_408(
+        aiohttp_client: AiohttpClient) -> None:
+    app = create_app(Settings(state_dir="memory", read_timeout=0.2), authenticator=NoAuthenticator(),
+                     pool=FakePool(), publisher=RecordingPublisher())
+    client = await aiohttp_client(app)
+    release = asyncio.Event()
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"jsonrpc":"2.0",'
+        await release.wait()  # the rest never comes while the gateway waits
+        yield b'"id":1,"method":"ping"}'
+
+    answer = await client.post("/mcp", data=trickle(), headers={"Content-Type": "application/json",
+                                                                 "Accept": "application/json, text/event-stream"})
+    release.set()
+    assert answer.status == 408
+    assert (await answer.json())["error"]["data"]["error"] == "read_timeout"
+    assert answer.headers.get("Connection") == "close"
