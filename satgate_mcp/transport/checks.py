@@ -21,7 +21,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.keys import CLOSE_CONNECTION, TOKEN_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
-from satgate_mcp.transport import rules
+from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Refusal
 
 #: Distinct (Host, Origin) pairs whose verdict is kept: a client chooses them, so the cache is bounded.
@@ -34,8 +34,8 @@ def host_origin_refusal(request: web.Request, settings: Settings) -> Refusal | N
 
 
 def _host_origin_verdict(settings: Settings, host: str | None, origin: str | None) -> Refusal | None:
-    return (rules.check_host(host, settings.allowed_hosts, settings.host)
-            or rules.check_origin(origin, settings.allowed_origins))
+    return (origins.check_host(host, settings.allowed_hosts, settings.host)
+            or origins.check_origin(origin, settings.allowed_origins))
 
 
 @dataclass(frozen=True, slots=True)

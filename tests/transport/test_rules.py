@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import AuthOutcome
 from satgate_mcp.sessions import RegistryFull, TokenSessionsBusy
-from satgate_mcp.transport import rules
+from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Post, Refusal, Rejected
 
 METADATA_URL = "https://gw.example/.well-known/oauth-protected-resource"
@@ -51,7 +51,7 @@ def assert_refused(refusal: Refusal | None, status: int, error: str) -> Refusal:
     ],
 )
 def test_host(host: str | None, allowed: list[str], bind: str, refused: bool) -> None:
-    refusal = rules.check_host(host, allowed, bind)
+    refusal = origins.check_host(host, allowed, bind)
     if refused:
         assert_refused(refusal, 421, "host_not_allowed")
     else:
@@ -77,7 +77,7 @@ def test_host(host: str | None, allowed: list[str], bind: str, refused: bool) ->
     ],
 )
 def test_origin(origin: str | None, allowed: list[str], refused: bool) -> None:
-    refusal = rules.check_origin(origin, allowed)
+    refusal = origins.check_origin(origin, allowed)
     if refused:
         assert_refused(refusal, 403, "origin_not_allowed")
     else:
@@ -270,7 +270,7 @@ def test_parse_error_uses_the_json_rpc_parse_error_code() -> None:
     ],
 )
 def test_host_of_authority(authority: str, host: str | None) -> None:
-    assert rules.host_of_authority(authority) == host
+    assert origins.host_of_authority(authority) == host
 
 
 @pytest.mark.parametrize(
@@ -287,12 +287,12 @@ def test_host_of_authority(authority: str, host: str | None) -> None:
     ],
 )
 def test_origin_host(origin: str, host: str | None) -> None:
-    assert rules.origin_host(origin) == host
+    assert origins.origin_host(origin) == host
 
 
 @pytest.mark.parametrize("origin", ["http://[::1", "http://[::1]:99999", "http://\udcff\udcfe", "http://[zz]"])
 def test_a_malformed_origin_is_refused_not_raised(origin: str) -> None:
-    refusal = rules.check_origin(origin, [])
+    refusal = origins.check_origin(origin, [])
     assert refusal is not None
     assert refusal.status == 403
 
