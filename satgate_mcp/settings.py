@@ -171,6 +171,8 @@ class Settings(BaseSettings):
     drain_seconds: float = Field(default=25.0, ge=0)
     #: Seconds a client may take to send a request's body, or to start its next request on a connection.
     read_timeout: float = Field(default=10.0, gt=0, le=3600)
+    #: Open client connections one process serves at most; a new connection's first request past it gets 503.
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
     #: A 2025-11-25 answer stream quiet this long is closed mid-call (SEP-1699 polling): the client resumes it
     #: with Last-Event-ID, so no connection is held through a long call. 0: streams stay open (keep-alives).
     sse_poll_seconds: float = Field(default=0.0, ge=0)

@@ -147,6 +147,12 @@ MEANINGS: dict[str, str] = {
         "live in the URL's database and the pub/sub channels are named for it (`satgate:revoked:events@db3`; "
         "database 0 keeps the plain names), so neither hears the other's revocations or DELETEs."
     ),
+    "max_connections": (
+        "Client connections one process keeps open at most. The first request on a connection past it is "
+        "answered 503 `too_many_connections` with `Retry-After: 1` and the connection is closed; connections "
+        "already open are not disturbed. A connection that never sends a request is closed after "
+        "`SATGATE_READ_TIMEOUT`."
+    ),
     "read_timeout": (
         "Seconds a client may take to send a request's body (a body trickled slower is answered 408 "
         "`read_timeout` and the connection closed), and how long a connection may stay open without sending a "

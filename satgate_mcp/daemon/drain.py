@@ -22,7 +22,14 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 
+from satgate_mcp import jsonrpc
 from satgate_mcp.exits import ExitCode
+from satgate_mcp.transport.answers import refusal_answer
+from satgate_mcp.transport.rules import Refusal
+
+#: A new connection past SATGATE_MAX_CONNECTIONS: the client may retry in a moment, here or on another machine.
+TOO_MANY_CONNECTIONS = Refusal(503, "too_many_connections", "Too many connections: retry in a moment",
+                               code=jsonrpc.SERVER_ERROR, headers={"Retry-After": "1"})
 
 #: An idle keep-alive connection is closed during a drain only after this long without a request.
 IDLE_GRACE_SECONDS = 1.0
@@ -86,8 +93,9 @@ async def _send_whole(request: web.BaseRequest, response: web.StreamResponse) ->
 class ConnectionTracker:
     """Which connections are busy, for the drain; and ``Connection: close`` on every answer once it drains."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, max_connections: int = 4096) -> None:
         self._clock = clock
+        self._max_connections = max_connections
         self._in_progress: dict[RequestHandler, int] = {}
         self._finished_at: dict[RequestHandler, float] = {}
         self._watched: set[RequestHandler] = set()
@@ -104,8 +112,13 @@ class ConnectionTracker:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Outermost: a connection is busy until the response this request gets is completely written."""
+        """Outermost: a connection is busy until the response this request gets is completely written. A new
+        connection past ``max_connections`` gets 503 and is closed (it counts once it sends a request)."""
         conn = request.protocol
+        if conn not in self._watched and len(self._watched) >= self._max_connections:
+            refused = refusal_answer(TOO_MANY_CONNECTIONS)
+            refused.force_close()
+            return refused
         self._arrived(conn, request.task)
         try:
             response = await handler(request)

@@ -213,7 +213,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     runner: _GatewayRunner | None = None
     failure: ConfigError | None = None
     try:
-        tracker = ConnectionTracker(clock)
+        tracker = ConnectionTracker(clock, max_connections=settings.max_connections)
         app = create_app(settings)
         # Outermost, so a request counts as busy until every other middleware is done with its response.
         app.middlewares.insert(0, tracker.middleware)
