@@ -44,6 +44,8 @@ class Pool(Protocol):
         """Once, as the app is assembled: the one listener for merged list changes and resource updates."""
     def session_ended(self, session_id: str) -> None:
         """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
+    async def listening(self, timeout: float) -> None:
+        """Until every upstream's change streams are in force, bounded (a 2026 listen stream's acknowledgement)."""
     def readiness(self) -> dict[str, bool]: ...
     def failures(self) -> dict[str, dict[str, str]]:
         """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
@@ -221,6 +223,10 @@ class Dispatcher:
     def capabilities(self) -> JsonObj:
         """What the gateway offers: the union of what its upstreams offer."""
         return self._pool.capabilities()
+
+    async def listening(self, timeout: float) -> None:
+        """Every upstream's change streams in force (bounded): what a listen stream's acknowledgement promises."""
+        await self._pool.listening(timeout)
 
     @property
     def server_info(self) -> JsonObj:

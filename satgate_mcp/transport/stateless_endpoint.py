@@ -81,6 +81,7 @@ class StatelessEndpoint:
             readable = [u for u in uris if subscribable and principal.identity.allows_resource(u)]
             subscribed = [u for u in readable if await listen.subscribe_uri(subscriptions, listener.key, u)]
             listener.filter = listen.ListenFilter(lists, frozenset(subscribed))
+            await self._dispatcher.listening(listen.SETTLE_SECONDS)
             return await self._serve_listen(request, listener)
         finally:
             self.listeners.release(listener)

@@ -181,6 +181,10 @@ class UpstreamPool(UpstreamListings):
                 found.append((name, text.strip()))
         return found
 
+    async def listening(self, timeout: float) -> None:
+        """Every ready upstream's change streams in force (``Upstream.listening``), waited for together, bounded."""
+        await asyncio.gather(*(u.listening(timeout) for u in self._upstreams.values() if u.ready))
+
     def listen(self, listener: Notice) -> None:
         """The one listener for list changes and resource updates (the gateway's stream hub)."""
         self._listener = listener
