@@ -166,7 +166,8 @@ class StatelessEndpoint:
 
         A retry whose state carries a modern upstream's runs the call anew there; one naming a flow answers it.
         ``inputResponses`` without a ``requestState`` continue nothing: the call is a new one, and the answers go
-        to a modern upstream as given (it may use those it recognises and ask again for the rest).
+        to a modern upstream as given (it may use those it recognises and ask again for the rest); a 2025
+        upstream's question takes the one that fits it (offered.py) instead of being asked.
         """
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
@@ -217,6 +218,9 @@ class StatelessEndpoint:
         flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
         flow.streaming, flow.client_meta = streams, stateless_rules.client_meta(meta)
+        given = (message.params or {}).get("inputResponses")
+        if resume is None and isinstance(given, dict):  # answers sent with a new call: a 2025 upstream's fitting ones
+            flow.offered = dict(given)
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = stateless_rules.without_protocol_meta(message.params)
         if resume is not None:
