@@ -132,6 +132,7 @@ class StatelessEndpoint:
         if refusal:
             return refusal_answer(refusal, message.id)
         if message.method == "server/discover":
+            self._dispatcher.expect_modern(listen.SETTLE_SECONDS)
             return json_answer(jsonrpc.result_response(message.id, self._complete(
                 message.method, self._dispatcher.discover_result(list(stateless_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":

@@ -20,7 +20,7 @@ import httpx2
 import pytest
 
 from tests.conftest import HttpUpstreamProcess, upstream_command
-from tests.gateway_process import GatewayProcess, call_text, sdk_session
+from tests.gateway_process import GatewayProcess, call_text, child_pids, sdk_session
 from tests.integration.test_mrtr_sdk import mint
 
 pytestmark = pytest.mark.process
@@ -131,3 +131,25 @@ async def test_a_2025_sessions_change_reaches_a_2026_listen_stream(gateway: Gate
     ack, *notes = await _listen_while(gateway, token, change)
     assert ack["params"]["notifications"] == WANTED
     assert {n["method"] for n in notes} >= HEARD
+
+
+async def test_a_2026_clients_discover_starts_the_dual_stdio_upstreams_2026_side(tmp_path: Path) -> None:
+    """The first 2026 client's ``server/discover`` looks for the upstream's 2026-07-28 side in the background (over
+    stdio a second child), so its first request does not wait for that child to start."""
+    spec = {"transport": "stdio", "command": upstream_command("--name", "u", "--era", "both")}
+    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"u": spec})})
+    gw.start()
+    try:
+        await gw.wait_ready()
+        assert gw.proc is not None
+        assert len(child_pids(gw.proc.pid)) == 1
+        token = await mint(gw, "discoverer")
+        body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": META}}
+        async with httpx2.AsyncClient(trust_env=False, timeout=TIMEOUT) as http:
+            found = await http.post(f"{gw.url}/mcp", json=body, headers=_headers(token, "server/discover"))
+        assert "result" in found.json()
+        async with asyncio.timeout(TIMEOUT):
+            while len(child_pids(gw.proc.pid)) < 2:  # noqa: ASYNC110 (another process: nothing to await)
+                await asyncio.sleep(0.05)
+    finally:
+        await gw.kill()
