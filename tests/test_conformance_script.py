@@ -12,6 +12,7 @@ from scripts.conformance import (
     SPEC_VERSIONS,
     Checks,
     expected_file,
+    extension_scenarios,
     load_expected,
     parse_checks,
     regressions,
@@ -19,8 +20,9 @@ from scripts.conformance import (
     stale,
     suite_args,
     table,
+    target,
+    targets,
     unexpected,
-    upstream_protocol,
 )
 
 
@@ -110,12 +112,25 @@ def test_other_spec_versions_get_their_own_file_and_wire() -> None:
     assert suite_args("2026-07-28") == ["--spec-version", "2026-07-28", "--suite", "all"]
 
 
-def test_the_gateway_speaks_to_the_upstream_in_the_era_of_the_run() -> None:
-    assert upstream_protocol(SPEC_VERSION) == "2025"
-    assert upstream_protocol("2026-07-28") == "2026"
+def test_three_upstreams_each_directly_and_through_the_gateway_over_stdio_and_http() -> None:
+    assert [target(kind, era) for kind, era in targets()] == [
+        "direct-2025", "gateway-stdio-2025", "gateway-http-2025",
+        "direct-2026", "gateway-stdio-2026", "gateway-http-2026",
+        "direct-both", "gateway-stdio-both", "gateway-http-both"]
+
+
+@pytest.mark.parametrize(("listing", "found"), [
+    pytest.param("Server scenarios (test against a server):\n  - tools-list [2025-06-18,2026-07-28]\n"
+                 "  - tasks-lifecycle [extension]\n  - sep-2640-skills-directory [extension]\n"
+                 "  - tasks-wire-fields [extension]\n", ["tasks-lifecycle", "tasks-wire-fields"], id="tasks-only"),
+    pytest.param("  - tasks-lifecycle [2026-07-28]\n", [], id="on-the-timeline-not-an-extension"),
+    pytest.param("", [], id="none"),
+])
+def test_the_tasks_extension_scenarios_are_read_from_the_runners_list(listing: str, found: list[str]) -> None:
+    assert extension_scenarios(listing) == found
 
 
 @pytest.mark.parametrize("spec_version", SPEC_VERSIONS)
 def test_every_spec_version_has_a_readable_expected_failures_file(spec_version: str) -> None:
     loaded = load_expected(expected_file(spec_version).read_text())
-    assert set(loaded) <= {"gateway-stdio", "gateway-http"}
+    assert set(loaded) <= {target(kind, era) for kind, era in targets() if kind != "direct"}

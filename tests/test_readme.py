@@ -310,7 +310,7 @@ def test_quick_start_serves_the_clients(tmp_path: Path) -> None:
     [serve] = [line for line in commands(block("install")) if line.rstrip().endswith("satgate-mcp serve")]
     with backgrounded(Block("sh", serve + "\n", block("install").line), tmp_path, env) as gateway:
         listed, echoed = run_python(block("session client"), tmp_path, env, port).splitlines()
-        assert listed == "['echo', 'add', 'utc_now']"
+        assert listed == "['add', 'echo', 'utc_now']"
         assert echoed == "hello"
         assert run_python(block("modern client"), tmp_path, env, port) == "2026-07-28 hello\n"
         plain, _ = claude_code_commands()
@@ -329,8 +329,8 @@ def test_header_recipe_runs_end_to_end(tmp_path: Path) -> None:
     with backgrounded(block("header recipe"), tmp_path, env) as gateway:
         token = (tmp_path / "agent-1.token").read_text().strip()
 
-        assert "prints ['echo', 'add'], then hello" in block("agent").text
-        assert run_sh(block("agent"), tmp_path, env) == "['echo', 'add']\nhello\n"
+        assert "prints ['add', 'echo'], then hello" in block("agent").text
+        assert run_sh(block("agent"), tmp_path, env) == "['add', 'echo']\nhello\n"
         assert run_python(block("modern client"), tmp_path, {**env, "SATGATE_TOKEN": token}, port) == \
             "2026-07-28 hello\n"
 

@@ -38,7 +38,15 @@ from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp.shared.message import ServerMessageMetadata
 
 JsonObj = dict[str, Any]
@@ -165,23 +173,35 @@ STREAM = StreamExtras()
 BUS = InMemorySubscriptionBus()
 
 
+async def announce(ctx: ServerRequestContext[Any], event: ServerEvent) -> None:
+    """A change in the era of the call that made it, as the SDK's MCPServer announces one: at 2026-07-28 on the
+    listen streams (the bus) only, before that to the calling session only (over HTTP on its GET stream)."""
+    if ctx.protocol_version == "2026-07-28":
+        await BUS.publish(event)
+    elif isinstance(event, ToolsListChanged):
+        await ctx.session.send_tool_list_changed()
+    elif isinstance(event, PromptsListChanged):
+        await ctx.session.send_prompt_list_changed()
+    elif isinstance(event, ResourcesListChanged):
+        await ctx.session.send_resource_list_changed()
+    else:
+        await ctx.session.send_resource_updated(event.uri)
+
+
 async def run_stream_tool(name: str, ctx: ServerRequestContext[Any], tool: str, args: JsonObj) -> JsonObj:
-    """Each sends its notification outside the call (over HTTP: on the GET stream), as a server on its own would."""
+    """Each announces its change outside the call (``announce``), as a server on its own would."""
     if tool == "stream_touch":
-        if ctx.protocol_version == "2026-07-28":  # to the listen streams whose filter names the URI
-            await BUS.publish(ResourceUpdated(str(args.get("uri", ""))))
-        else:
-            await ctx.session.send_resource_updated(str(args.get("uri", "")))
+        await announce(ctx, ResourceUpdated(str(args.get("uri", ""))))
         return _text("touched")
     if tool == "stream_add_resources":
         start = len(STREAM.resources)
         STREAM.resources += [{"uri": f"memo://{name}/extra/{i}", "name": f"{name}-extra-{i}"}
                              for i in range(start, start + int(args.get("count", 1)))]
-        await ctx.session.send_resource_list_changed()
+        await announce(ctx, ResourcesListChanged())
         return _text(f"{len(STREAM.resources)} extra resources")
     if tool == "stream_add_prompt":
         STREAM.prompts.append({"name": str(args.get("name", "extra_prompt")), "description": f"added on {name}"})
-        await ctx.session.send_prompt_list_changed()
+        await announce(ctx, PromptsListChanged())
         return _text("prompt added")
     return _text(json.dumps(sorted(STREAM.subscribed)))
 
@@ -291,6 +311,9 @@ CONF_TOOLS: dict[str, JsonObj] = {
     "test_logging_tool": _schema(),
     "test_streaming_elicitation": _schema(),
     "test_input_required_result_elicitation": _schema(),
+    # server-stateless's listen checks: each changes its list and announces it in the era of the call.
+    "test_trigger_tool_change": _schema(),
+    "test_trigger_prompt_change": _schema(),
 }
 
 CONF_ELICIT_USER: JsonObj = {
@@ -356,11 +379,14 @@ class ConformanceState:
 
     log_levels: dict[int, str] = field(default_factory=dict)
     subscribed: set[str] = field(default_factory=set)
+    #: Tools test_trigger_tool_change added.
+    added_tools: list[str] = field(default_factory=list)
 
 
-def conf_tool_defs() -> list[JsonObj]:
+def conf_tool_defs(conf: ConformanceState) -> list[JsonObj]:
+    tools = {**CONF_TOOLS, **dict.fromkeys(conf.added_tools, _schema())}
     return [{"name": name, "description": f"conformance tool {name}", "inputSchema": schema}
-            for name, schema in CONF_TOOLS.items()]
+            for name, schema in tools.items()]
 
 
 def _user_text(text: str) -> JsonObj:
@@ -512,6 +538,14 @@ async def conf_run_tool(ctx: ServerRequestContext[Any], conf: ConformanceState,
         return _text("Reconnection test finished")
     if name == "json_schema_2020_12_tool":
         return _text(json.dumps(args))
+    if name == "test_trigger_tool_change":
+        conf.added_tools.append(f"test_added_tool_{len(conf.added_tools) + 1}")
+        await announce(ctx, ToolsListChanged())
+        return _text(f"added {conf.added_tools[-1]}")
+    if name == "test_trigger_prompt_change":
+        STREAM.prompts.append({"name": f"test_added_prompt_{len(STREAM.prompts) + 1}", "description": "added"})
+        await announce(ctx, PromptsListChanged())
+        return _text(f"added {STREAM.prompts[-1]['name']}")
     if name == "test_logging_tool":
         # At 2026-07-28 the SDK sends these only when the request's _meta asked for a logLevel; a gateway must
         # not send them either (it may have asked the upstream for every level on behalf of other clients).
@@ -584,7 +618,7 @@ def build_server(state: State) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = state.tool_defs() + (conf_tool_defs() if state.conformance else [])
+        defs = state.tool_defs() + (conf_tool_defs(state.conformance) if state.conformance else [])
         page = _page(defs, params.cursor if params else None, state.page_size, "tools")
         return types.ListToolsResult.model_validate(page)
 
@@ -648,9 +682,10 @@ def build_server(state: State) -> Server[Any]:
             new = str(args.get("name", "extra"))  # as given: a test may add a clashing name
             if new not in state.tools:
                 state.tools.append(new)
-            if args.get("standalone"):
-                # Over Streamable HTTP this goes to the GET stream, not this call's response.
-                await ctx.session.send_tool_list_changed()
+            if args.get("standalone") or ctx.protocol_version == MODERN_REVISION:
+                # Over Streamable HTTP this goes to the GET stream (2025) or the listen streams, not this call's
+                # response.
+                await announce(ctx, ToolsListChanged())
             else:
                 # Request-scoped, so over Streamable HTTP it rides this call's SSE response.
                 await ctx.session.send_notification(types.ToolListChangedNotification(), ctx.request_id)

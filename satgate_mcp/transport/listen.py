@@ -3,7 +3,10 @@
 It replaces the 2025 GET stream and ``resources/subscribe``: the request names what it wants
 (``toolsListChanged``, ``promptsListChanged``, ``resourcesListChanged``, ``resourceSubscriptions``),
 the gateway acknowledges the subset it will honour first, then sends only those, each stamped with
-the subscription id (the request's JSON-RPC id). The stream ends with an empty result on shutdown;
+the subscription id (the request's JSON-RPC id). Every merged list change reaches the streams that
+asked for it, whichever upstream and era caused it: the acknowledgement waits until each upstream's
+own change streams are in force (a 2026-07-28 upstream's listen stream, a dual-revision upstream's
+2026-07-28 side), so a change made after it is never missed. The stream ends with an empty result on shutdown;
 its resource subscriptions are released upstream when it ends in any way.
 """
 
@@ -32,6 +35,9 @@ FLAG_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
 RESOURCE_UPDATED = "notifications/resources/updated"
 MAX_QUEUED = 1000
 MAX_RESOURCE_SUBSCRIPTIONS = 100
+#: How long an acknowledgement waits for the upstreams' own change streams (a dual-revision upstream's 2026-07-28
+#: side is found the first time: over stdio that starts a child).
+SETTLE_SECONDS = 10.0
 
 log = structlog.get_logger("satgate_mcp.transport")
 

@@ -40,6 +40,7 @@ import structlog
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.trace_spans import progress_event
+from satgate_mcp.transport.offered import offered_answer
 from satgate_mcp.transport.relay import Emit, log_message_passes, refused, required_capability
 from satgate_mcp.upstream.base import Resume
 
@@ -195,6 +196,8 @@ class Flow:
         self.carried_from: str | None = None
         #: (holder, request digest, JSON-RPC id): what a copy of the request (the same one sent again) shares.
         self.copy_key: tuple[str, str, str] | None = None
+        #: ``inputResponses`` a new call brought unasked: each answers at most one question it fits (offered.py).
+        self.offered: JsonObj = {}
 
     def start(self, task: asyncio.Task[JsonObj]) -> None:
         self.task = task
@@ -221,6 +224,9 @@ class Flow:
             return None
         self._keys += 1
         ask = Ask(f"{method.split('/')[0]}-{self._keys}", method, params)
+        if (key := offered_answer(method, params, self.offered)) is not None:  # answered already: asked no more
+            ask.answer.set_result(self.offered.pop(key))
+            return ask
         self.pending[ask.key] = ask
         self._outcomes.put_nowait(Outcome(asks=[ask]))
         return ask

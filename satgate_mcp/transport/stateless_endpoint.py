@@ -81,6 +81,7 @@ class StatelessEndpoint:
             readable = [u for u in uris if subscribable and principal.identity.allows_resource(u)]
             subscribed = [u for u in readable if await listen.subscribe_uri(subscriptions, listener.key, u)]
             listener.filter = listen.ListenFilter(lists, frozenset(subscribed))
+            await self._dispatcher.listening(listen.SETTLE_SECONDS)
             return await self._serve_listen(request, listener)
         finally:
             self.listeners.release(listener)
@@ -131,6 +132,7 @@ class StatelessEndpoint:
         if refusal:
             return refusal_answer(refusal, message.id)
         if message.method == "server/discover":
+            self._dispatcher.expect_modern(listen.SETTLE_SECONDS)
             return json_answer(jsonrpc.result_response(message.id, self._complete(
                 message.method, self._dispatcher.discover_result(list(stateless_rules.ADVERTISED_VERSIONS)))))
         if message.method == "subscriptions/listen":
@@ -165,7 +167,8 @@ class StatelessEndpoint:
 
         A retry whose state carries a modern upstream's runs the call anew there; one naming a flow answers it.
         ``inputResponses`` without a ``requestState`` continue nothing: the call is a new one, and the answers go
-        to a modern upstream as given (it may use those it recognises and ask again for the rest).
+        to a modern upstream as given (it may use those it recognises and ask again for the rest); a 2025
+        upstream's question takes the one that fits it (offered.py) instead of being asked.
         """
         streams = rules.accepts(request.headers.get("Accept"), "text/event-stream")
         stream = CallStream(request, {}, event_ids=False)
@@ -216,6 +219,9 @@ class StatelessEndpoint:
         flow = mrtr.Flow(holder, digest, dict(declared) if isinstance(declared, dict) else {},
                          level if isinstance(level, str) else None, emit)
         flow.streaming, flow.client_meta = streams, stateless_rules.client_meta(meta)
+        given = (message.params or {}).get("inputResponses")
+        if resume is None and isinstance(given, dict):  # answers sent with a new call: a 2025 upstream's fitting ones
+            flow.offered = dict(given)
         relay = mrtr.ModernRelay(flow, f"stateless:{principal.identity.token_id}", resume)
         params = stateless_rules.without_protocol_meta(message.params)
         if resume is not None:

@@ -227,6 +227,13 @@ class Upstream(Protocol):
 
     async def notify(self, method: str, params: JsonObj | None) -> None: ...
 
+    async def listening(self, timeout: float) -> bool:
+        """Until every stream the upstream announces changes on is in force (bounded): a 2026-07-28 connection's
+        listen stream acknowledged, a dual-revision upstream's 2026-07-28 side found and listened to. Whether
+        they are. A 2026 client's ``subscriptions/listen`` waits for this before it is acknowledged, so no change
+        made after the acknowledgement can go unheard."""
+        ...
+
     async def close(self) -> None:
         """Stop for good: fail calls in flight, terminate a child and reap it."""
         ...

@@ -95,7 +95,9 @@ def merge_named(
     previous: Mapping[str, str] | None = None,
     kind: str = "tool",
 ) -> NameIndex:
-    """The union of the upstreams' items (tools, prompts, templates) under their exposed (prefixed) names.
+    """The union of the upstreams' items (tools, prompts, templates) under their exposed (prefixed) names, sorted by
+    name: a list comes back in one order whatever order the upstreams gave (the 2026-07-28 tools list SHOULD), and an
+    upstream that only reorders its list changes nothing a client sees.
 
     On a clash the previous owner keeps the name (a list change must not move an item under a
     running client), else the upstream configured first does; the clash is reported, never hidden.
@@ -118,7 +120,7 @@ def merge_named(
         clashes += [NameClash(exposed, keep[0], other[0], kind) for other in found if other is not keep]
         owners[exposed] = (keep[0], str(keep[1]["name"]))
         items.append({**keep[1], "name": exposed})
-    return NameIndex(items, owners, clashes)
+    return NameIndex(sorted(items, key=lambda item: str(item["name"])), owners, clashes)
 
 
 def first_owner(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]], key: str) -> dict[str, str]:
@@ -145,6 +147,12 @@ def merge_unique(order: Sequence[str], listings: Mapping[str, Sequence[JsonObj]]
                 seen.add(marker)
             merged.append(item)
     return merged
+
+
+def _uri(item: JsonObj) -> str:
+    """A resource's sort key: its URI (an item without one, kept as the upstream gave it, sorts first)."""
+    uri = item.get("uri")
+    return uri if isinstance(uri, str) else ""
 
 
 class Catalog:
@@ -174,7 +182,7 @@ class Catalog:
                 self._versions[kind] += 1
             self._named[kind] = index
             clashes += index.clashes
-        resources = merge_unique(self._order, self._lists["resources"], "uri")
+        resources = sorted(merge_unique(self._order, self._lists["resources"], "uri"), key=_uri)
         if resources != self._resources:
             self._versions["resources"] += 1
         self._resources = resources

@@ -25,23 +25,25 @@ from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.trace_spans import Attributes, upstream_attributes
 from satgate_mcp.upstream.base import (
     ProgressCallback,
-    Relay,
     Upstream,
     declared_meta,
     event_within,
     is_input_carrier,
     is_relay,
 )
+from satgate_mcp.upstream.bridge import ask_client, input_refusal, moved_on_refusal
 from satgate_mcp.upstream.client_trace import client_attributes, traced_request
 from satgate_mcp.upstream.eras import ModernTwin, wants_modern_twin
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
+    LIST_METHODS,
     MAX_INPUT_ROUNDS,
     SUBSCRIPTION_METHODS,
     RestartPolicy,
     cancelled_params,
     clip,
     is_input_required,
+    listen_params,
     retry_params,
     split_batch,
     with_modern_meta,
@@ -77,29 +79,6 @@ def encode_message(message: JsonObj) -> bytes:
             message = {**message, "params": stripped}
     return jsonrpc.dumps(message)  # compact UTF-8, as json.dumps(ensure_ascii=False) wrote it
 
-
-def moved_on_refusal(asked: str, here: str) -> JsonObj:
-    """A retry whose sealed state names another upstream than the one the call now routes to."""
-    return jsonrpc.error_response(None, jsonrpc.INVALID_PARAMS,
-                                  f"Invalid params: this requestState continues a call on upstream {asked!r}, but "
-                                  f"the request now goes to {here!r} (or that upstream no longer speaks 2026-07-28); "
-                                  "issue the call again without inputResponses and requestState",
-                                  {"error": "request_state_refused"})
-
-
-def missing_capability_reply(upstream: str, required: JsonObj) -> JsonObj:
-    """The call's error when a modern upstream asks for input the calling client did not declare it can give."""
-    names = ", ".join(sorted(required))
-    return jsonrpc.error_response(None, jsonrpc.MISSING_CLIENT_CAPABILITY,
-                                  f"This call needs the client capability {names}, which the client did not declare "
-                                  f"(upstream {upstream!r} asked for it)",
-                                  {"error": "missing_client_capability", "requiredCapabilities": required})
-
-
-def input_refusal(upstream: str, why: str) -> JsonObj:
-    return jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR,
-                                  f"upstream {upstream!r} asked for client input the gateway cannot give: {why}",
-                                  {"error": "input_not_relayed", "upstream": upstream})
 
 
 class UpstreamConnection(Generic[SpecT]):
@@ -143,6 +122,10 @@ class UpstreamConnection(Generic[SpecT]):
         self._twin: ModernTwin | None = None
         #: Set on a twin: an upstream that does not answer ``server/discover`` is not handshaken with instead.
         self._discover_only = False
+        #: Whether a modern connection keeps a listen stream open (HTTP tests may turn it off).
+        self._listen_enabled = True
+        #: A modern connection whose listen stream was waited for in vain is not waited for again.
+        self._never_acknowledged = False
 
     @property
     def modern(self) -> bool:
@@ -198,10 +181,14 @@ class UpstreamConnection(Generic[SpecT]):
             twin = await self._modern_side()
             if twin is not None:  # the client's own era: the dual upstream answers it as the client asked
                 return await twin.request(method, params, on_progress=on_progress, timeout=timeout)
+        if method in LIST_METHODS and (twin := self._changed_last()) is not None:
+            return await twin.request(method, params, on_progress=on_progress, timeout=timeout)
         if resume is not None and (resume.upstream != self.name or not self._modern):
             return moved_on_refusal(resume.upstream, self.name)
-        if self._modern and method in SUBSCRIPTION_METHODS:
-            return await self._listen_for(params, subscribe=SUBSCRIPTION_METHODS[method])
+        if method in SUBSCRIPTION_METHODS:
+            if self._modern:
+                return await self._listen_for(params, subscribe=SUBSCRIPTION_METHODS[method])
+            return await self._subscribe_dual(method, params, budget, on_progress)
         if not self._modern:
             if carrier is not None:  # a 2026 client's answers mean nothing to a 2025 upstream: it asks anew
                 params = without_input_fields(params)
@@ -220,7 +207,7 @@ class UpstreamConnection(Generic[SpecT]):
                 return reply
             if not is_relay(on_progress):
                 return input_refusal(self.name, "the call has no client that could be asked")
-            answers = await self._ask_client(on_progress, result)
+            answers = await ask_client(self.name, on_progress, result, self._spec.timeout)
             if "error" in answers:
                 return answers
             params = retry_params(params, answers["result"], result.get("requestState"))
@@ -233,13 +220,76 @@ class UpstreamConnection(Generic[SpecT]):
         if self._twin is None:
             if self._closing.is_set():
                 return None
-            self._twin = ModernTwin(self._make_twin, self._spec.timeout)
+            self._twin = ModernTwin(self._seeded_twin, self._spec.timeout)
             self._twin.on_notification = self._inbox.on_notification
         return await self._twin.get()
+
+    def _changed_last(self) -> Upstream | None:
+        """The 2026-07-28 side when its list change is the newest: a stdio twin is a second child, whose lists
+        may differ from this one's; the gateway's lists follow the side that changed last."""
+        twin = self._twin.current if self._twin is not None else None
+        if isinstance(twin, UpstreamConnection) and twin._inbox.list_changes > self._inbox.list_changes:
+            return twin
+        return None
+
+    def _seeded_twin(self) -> Upstream:
+        """The 2026-07-28 side, its listen filter starting with every URI subscribed on this 2025 session."""
+        twin = self._make_twin()
+        if isinstance(twin, UpstreamConnection):
+            twin._resource_subscriptions |= self._resource_subscriptions
+        return twin
 
     def _make_twin(self) -> Upstream:
         """A connection of the same transport to the same upstream that speaks 2026-07-28 only."""
         raise NotImplementedError
+
+    async def listening(self, timeout: float) -> bool:
+        """``Upstream.listening``: a dual-revision upstream's 2026-07-28 side is looked for here (the first 2026
+        client that listens finds it, as its first request would) and listened to, since such an upstream
+        announces a change made in that era only on listen streams."""
+        if not self._ready.is_set():
+            return False
+        if self._modern:
+            return await self._acknowledged(timeout)
+        if not wants_modern_twin(self._spec.protocol, False, "2026"):
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:  # shielded: a probe cut short would leave a second child or connection behind, unrecorded
+            twin = await asyncio.wait_for(asyncio.shield(self._modern_side()), timeout)
+        except TimeoutError:
+            return False
+        return twin is None or await twin.listening(max(0.0, deadline - loop.time()))
+
+    async def _acknowledged(self, timeout: float) -> bool:
+        if not self._listen_enabled or self._inbox.acknowledged.is_set():
+            return True
+        if self._never_acknowledged:  # it did not acknowledge before: a client's listen is not held up again
+            return False
+        found = await event_within(self._inbox.acknowledged, timeout)
+        self._never_acknowledged = not found
+        return found
+
+    def _listen_request(self, request_id: RequestId) -> JsonObj:
+        """The gateway's ``subscriptions/listen`` with the current filter: in force once acknowledged (again)."""
+        self._inbox.acknowledged.clear()
+        return jsonrpc.request_message(request_id, "subscriptions/listen", listen_params(self._resource_subscriptions))
+
+    async def _subscribe_dual(self, method: str, params: JsonObj | None, budget: float,
+                              on_progress: ProgressCallback | None) -> JsonObj:
+        """``resources/(un)subscribe`` on a 2025 session. A dual-revision upstream announces an update in the era of
+        the change, so the URI also joins (or leaves) the listen filter of its 2026-07-28 side when it has one; a
+        side found later starts with every URI held here."""
+        reply = await self._call(method, params, budget, on_progress)
+        uri = (params or {}).get("uri")
+        subscribe = SUBSCRIPTION_METHODS[method]
+        if not isinstance(uri, str) or (subscribe and "error" in reply):
+            return reply
+        (self._resource_subscriptions.add if subscribe else self._resource_subscriptions.discard)(uri)
+        twin = self._twin.current if self._twin is not None else None
+        if twin is not None:
+            await twin.request(method, {"uri": uri})
+        return reply
 
     async def _close_twin(self) -> None:
         if self._twin is not None:
@@ -272,35 +322,6 @@ class UpstreamConnection(Generic[SpecT]):
     async def _relisten(self) -> None:
         """Open the modern upstream's listen stream again with the current filter (its filter is fixed per stream)."""
         return None
-
-    async def _ask_client(self, relay: Relay, result: JsonObj) -> JsonObj:
-        """Put each of a modern upstream's ``inputRequests`` to the 2025 client as a real request.
-
-        ``{"result": inputResponses}``, or the first refusal or error the client gave, as the call's error.
-        """
-        asked = result.get("inputRequests")
-        requests: list[tuple[str, str, JsonObj | None]] = []
-        for key, request in (asked.items() if isinstance(asked, dict) else ()):
-            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
-                return input_refusal(self.name, f"its inputRequests[{key!r}] is not a request")
-            params = request.get("params")
-            requests.append((str(key), request["method"], params if isinstance(params, dict) else None))
-        # Nothing is put to the client before it is known that it can answer every question.
-        required: JsonObj = {}
-        for _, method, params in requests:
-            for capability, detail in (relay.lacks(method, params) or {}).items():
-                required[capability] = {**required.get(capability, {}), **detail}
-        if required:
-            return missing_capability_reply(self.name, required)
-        answers: JsonObj = {}
-        for key, method, params in requests:
-            answer = await relay.ask(method, params, self._spec.timeout)
-            if "error" in answer:
-                return jsonrpc.with_id({k: v for k, v in answer.items() if k != "result"}, None)
-            if not isinstance(answer.get("result"), dict):
-                return input_refusal(self.name, "the client's answer has no result")
-            answers[key] = answer["result"]
-        return {"result": answers}
 
     async def _call(self, method: str, params: JsonObj | None, budget: float,
                     on_progress: ProgressCallback | None) -> JsonObj:

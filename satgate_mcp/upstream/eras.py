@@ -91,6 +91,11 @@ class ModernTwin:
     def probed(self) -> bool:
         return self._probed
 
+    @property
+    def current(self) -> Upstream | None:
+        """The modern connection when it was found already; never probes."""
+        return self._twin
+
     async def get(self) -> Upstream | None:
         """The modern connection, or None when the upstream does not speak 2026-07-28 (asked only the first time)."""
         if self._probed:

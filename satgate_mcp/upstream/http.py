@@ -36,7 +36,6 @@ from satgate_mcp.upstream.wire import (
     discover_timeout,
     discovered_result,
     initialize_params,
-    listen_params,
     restart_plan,
 )
 
@@ -297,8 +296,7 @@ class HttpUpstream(HttpChannel):
         http = self._http
 
         def open_stream() -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
-            message = jsonrpc.request_message(next(self._ids), "subscriptions/listen",
-                                              listen_params(self._resource_subscriptions))
+            message = self._listen_request(next(self._ids))
             return http.post(self._spec.url, data=encode_message(message), headers=self._headers(message))
 
         await self._follow_stream(open_stream, lambda: self._modern, renew=None, missing_level="info")

@@ -100,6 +100,9 @@ def sole_session(session_keys: list[str]) -> str | None:
     return only or None
 
 
+#: One sequence for every inbox: the side of a dual upstream whose list change came last has the higher number.
+_LIST_CHANGES = itertools.count(1)
+
 class Inbox:
     def __init__(self, name: str, reply: Callable[[JsonObj], Awaitable[object]], *, shared_pipe: bool = False,
                  metrics: Metrics | None = None, ask_timeout: float = 30.0, isolation: str = "shared") -> None:
@@ -119,6 +122,10 @@ class Inbox:
         #: The upstream's requests being relayed to a client, by the upstream's id: what its cancellation stops.
         self._asking: dict[object, asyncio.Task[None]] = {}
         self.on_notification: NotificationCallback | None = None
+        #: Set when the upstream acknowledges the gateway's listen stream: its filter is in force from then on.
+        self.acknowledged = asyncio.Event()
+        #: How many list changes the upstream announced (which side of a dual stdio upstream changed last).
+        self.list_changes = 0
 
     def open_route(self, params: JsonObj | None, on_progress: ProgressCallback | None) -> tuple[JsonObj | None, str]:
         """Give the request a gateway progress token when it carries one; returns (params, route key).
@@ -203,7 +210,7 @@ class Inbox:
             if asking is not None:
                 asking.cancel()
         elif message.method == LISTEN_ACKNOWLEDGED:
-            return  # the upstream acknowledges the gateway's own listen stream: no client's business
+            self.acknowledged.set()  # the gateway's own listen stream is in force: no client's business
         elif is_pool_notification(message.method):
             self.notify(message.method, message.params)
         else:
@@ -214,6 +221,8 @@ class Inbox:
             self.spawn(self._guard(route.relay.notify(message.method, message.params), f"relay of {message.method}"))
 
     def notify(self, method: str, params: JsonObj | None) -> None:
+        if method.endswith("/list_changed"):
+            self.list_changes = next(_LIST_CHANGES)
         callback = self.on_notification
         if callback is not None:
             self.spawn(self._guard(callback(method, params), f"notification handler for {method}"))

@@ -167,6 +167,10 @@ class IsolatedUpstream:
         if method != RESOURCE_UPDATED and self._on_notification is not None:
             await self._on_notification(method, params)
 
+    async def listening(self, timeout: float) -> bool:
+        """The catalogue child's lists are the ones shown, and no client asks it anything: nothing to wait for."""
+        return True
+
     async def wait_ready(self, timeout: float) -> bool:
         return await self._catalogue.wait_ready(timeout)
 

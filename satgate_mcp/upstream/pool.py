@@ -74,6 +74,8 @@ class UpstreamPool(UpstreamListings):
         self._sweeper: asyncio.Task[None] | None = None
         self._start_timeout = start_timeout
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Set once a 2026-07-28 client came: the upstreams' 2026-07-28 sides were looked for.
+        self._modern_expected = False
         #: What a 2025 upstream was told that its restart forgets: the level set, the URIs subscribed on it.
         self._log_level: str | None = None
         self._subscribed: dict[str, set[str]] = {name: set() for name in specs}
@@ -180,6 +182,19 @@ class UpstreamPool(UpstreamListings):
             if isinstance(text, str) and text.strip():
                 found.append((name, text.strip()))
         return found
+
+    async def listening(self, timeout: float) -> None:
+        """Every ready upstream's change streams in force (``Upstream.listening``), waited for together, bounded."""
+        await asyncio.gather(*(u.listening(timeout) for u in self._upstreams.values() if u.ready))
+
+    def expect_modern(self, timeout: float) -> None:
+        """A 2026-07-28 client discovered the gateway: look for each dual upstream's 2026-07-28 side now, in the
+        background, so its first request does not wait for it (over stdio that side is a child to start)."""
+        if not self._modern_expected:
+            self._modern_expected = True
+            task = asyncio.create_task(self.listening(timeout), name="upstream-modern-sides")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def listen(self, listener: Notice) -> None:
         """The one listener for list changes and resource updates (the gateway's stream hub)."""

@@ -36,7 +36,6 @@ from satgate_mcp.upstream.wire import (
     discover_timeout,
     discovered_result,
     initialize_params,
-    listen_params,
     restart_plan,
 )
 
@@ -216,8 +215,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         if discovered is not None:
             self._modern, self._init_result = True, discovered
             self._listen_id = f"{LISTEN_ID}-{next(self._listens)}"
-            await self._write(jsonrpc.request_message(self._listen_id, "subscriptions/listen",
-                                                      listen_params(self._resource_subscriptions)))
+            await self._write(self._listen_request(self._listen_id))
             return
         result = check_initialize_result(reply)
         await self._write(jsonrpc.notification_message("notifications/initialized"))
@@ -238,8 +236,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             return
         self._listen_id = f"{LISTEN_ID}-{next(self._listens)}"
         try:
-            await self._write(jsonrpc.request_message(self._listen_id, "subscriptions/listen",
-                                                      listen_params(self._resource_subscriptions)))
+            await self._write(self._listen_request(self._listen_id))
             await self._write(jsonrpc.notification_message("notifications/cancelled",
                                                            cancelled_params(old, "listen filter changed")))
         except UpstreamUnavailable as exc:

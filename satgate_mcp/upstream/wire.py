@@ -113,6 +113,8 @@ def discover_timeout(call_timeout: float) -> float:
 #: The first message on a ``subscriptions/listen`` stream: for the gateway that opened it, no client's business.
 LISTEN_ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 #: What 2026-07-28 removed: a modern upstream's resource subscriptions are the URIs of its listen stream instead.
+#: The lists a pool fetches: a dual stdio upstream is asked them on the side whose lists changed last.
+LIST_METHODS = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list"})
 SUBSCRIPTION_METHODS = {"resources/subscribe": True, "resources/unsubscribe": False}
 
 

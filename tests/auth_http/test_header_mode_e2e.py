@@ -26,7 +26,7 @@ ROOT_KEY = "e2e-header-mode-root-key-0123456789abcdefgh"
 TOKEN_ID = "agent-e2e"
 #: ``echo`` by name, ``add`` and ``add_tool`` by prefix; the upstream also has ``whoami``, ``headers``, ...
 TOOLS_CAVEAT = "echo,ad*"
-ALLOWED = ["echo", "add", "add_tool"]
+ALLOWED = ["add", "add_tool", "echo"]  # the merged list is sorted by name
 REVOCATION_LATENCY = 1.0
 POLL_PAUSE = 0.02
 CALL_TIMEOUT = 15.0

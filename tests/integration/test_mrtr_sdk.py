@@ -123,3 +123,24 @@ async def test_a_restart_in_the_middle_of_a_flow_fails_the_retry_clearly_and_the
         assert "issue the call again" in refused.value.message
         elicited = json.loads(await text_of(client.call_tool("relay_elicit", {"question": "again?"})))
         assert elicited == {"action": "accept", "content": {"answer": "after"}}
+
+
+async def test_answers_sent_with_a_new_call_answer_the_2025_upstreams_question_extras_ignored(
+        gateway: GatewayProcess) -> None:
+    """As a 2026 server reads answers sent up front by key and ignores the rest, the call completes in one round:
+    the one answer that fits the 2025 upstream's form is its answer, keys it does not know are ignored."""
+    token = await mint(gateway, "up-front")
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    given = {"my_answer": {"action": "accept", "content": {"answer": "forty-two"}},
+             "unknown_extra_key": {"action": "accept", "content": {"foo": "bar"}}, "another": {"baz": 123}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"_meta": meta, "name": "relay_elicit", "arguments": {"question": "why?"},
+                       "inputResponses": given}}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json", "MCP-Protocol-Version": "2026-07-28",
+               "Mcp-Method": "tools/call", "Mcp-Name": "relay_elicit"}
+    async with httpx2.AsyncClient(trust_env=False, timeout=CALL_TIMEOUT) as http:
+        answer = (await http.post(f"{gateway.url}/mcp", json=body, headers=headers)).json()
+    assert answer["result"].get("resultType", "complete") == "complete", answer
+    assert json.loads(answer["result"]["content"][0]["text"]) == {"action": "accept",
+                                                                  "content": {"answer": "forty-two"}}

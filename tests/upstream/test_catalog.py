@@ -32,7 +32,7 @@ def test_tool_union(listings: dict[str, list[JsonObj]], prefixes: dict[str, str]
     index = merge_named(["a", "b"], listings, prefixes, previous)
     assert index.owners == owners
     assert index.clashes == clashes
-    assert [t["name"] for t in index.tools] == list(owners)
+    assert [t["name"] for t in index.tools] == sorted(owners)
 
 
 def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
@@ -53,8 +53,32 @@ def test_a_clash_message_names_both_upstreams_the_tool_and_the_fix() -> None:
                      id="configuration-order-not-listing-order"),
     ],
 )
-def test_merged_lists(listings: dict[str, list[JsonObj]], merged: list[str | None]) -> None:
+def test_merged_lists_keep_the_first_owner(listings: dict[str, list[JsonObj]], merged: list[str | None]) -> None:
     assert [item.get("uri") for item in merge_unique(["a", "b"], listings, "uri")] == merged
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "a", "b", "merged"),
+    [
+        pytest.param("tools", "name", ["zeta", "alpha"], ["mid"], ["alpha", "mid", "zeta"], id="tools-by-name"),
+        pytest.param("prompts", "name", ["b2", "b1"], ["a1"], ["a1", "b1", "b2"], id="prompts-by-name"),
+        pytest.param("templates", "name", ["t2"], ["t1"], ["t1", "t2"], id="templates-by-name"),
+        pytest.param("resources", "uri", ["m://z", "m://a"], ["m://m"], ["m://a", "m://m", "m://z"],
+                     id="resources-by-uri"),
+    ],
+)
+def test_merged_lists_are_sorted_whatever_order_the_upstreams_gave(
+        kind: Kind, field: str, a: list[str], b: list[str], merged: list[str]) -> None:
+    """One order across requests and restarts (2026-07-28: a deterministic tools list); a reorder is no change."""
+    catalog = Catalog(["a", "b"], {})
+    catalog.update("a", kind, [{field: v} for v in a])
+    catalog.update("b", kind, [{field: v} for v in b])
+    catalog.rebuild()
+    assert [item[field] for item in catalog.merged(kind)] == merged
+    version = catalog.versions()[kind]
+    catalog.update("a", kind, [{field: v} for v in reversed(a)])
+    catalog.rebuild()
+    assert catalog.versions()[kind] == version
 
 
 def _catalog(lists: dict[Kind, dict[str, list[JsonObj]]]) -> Catalog:
@@ -90,11 +114,11 @@ def test_who_answers_for_a_uri(uri: str, owner: str | None) -> None:
 @pytest.mark.parametrize(
     ("kind", "key", "prefixes", "exposed", "owners", "clash"),
     [
-        pytest.param("prompts", "prompts", {"b": "b_"}, ["greet", "b_greet", "b_other"],
+        pytest.param("prompts", "prompts", {"b": "b_"}, ["b_greet", "b_other", "greet"],
                      {"greet": ("a", "greet"), "b_greet": ("b", "greet")}, None, id="prompt-prefixed-like-tools"),
         pytest.param("prompts", "prompts", {}, ["greet", "other"], {"greet": ("a", "greet")},
                      NameClash("greet", "a", "b", "prompt"), id="prompt-clash-reported-not-hidden"),
-        pytest.param("templates", "resourceTemplates", {"b": "b_"}, ["greet", "b_greet", "b_other"], {},
+        pytest.param("templates", "resourceTemplates", {"b": "b_"}, ["b_greet", "b_other", "greet"], {},
                      None, id="template-name-prefixed"),
         pytest.param("templates", "resourceTemplates", {}, ["greet", "other"], {},
                      NameClash("greet", "a", "b", "resource template"), id="template-clash-reported"),

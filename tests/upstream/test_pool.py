@@ -162,18 +162,19 @@ async def test_prompts_resources_and_completions_are_routed_by_name_and_uri(shar
     assert {"resources", "prompts", "completions"} <= set(caps)
 
     prompts = (await shared.listing("prompts"))["prompts"]
-    assert [p["name"] for p in prompts] == ["greet", "two_greet", "big_greet"]  # "two"'s prefix names its prompt
+    assert [p["name"] for p in prompts] == ["big_greet", "greet", "two_greet"]  # sorted; "two"'s prefix names it
     got = await shared.get_prompt({"name": "two_greet", "arguments": {"who": "bo"}})
     assert got["result"]["messages"][0]["content"]["text"] == "two greets bo"  # asked under its own name
     got = await shared.get_prompt({"name": "big_greet", "arguments": {"who": "ann"}})
     assert got["result"]["messages"][0]["content"]["text"] == "big greets ann"
 
     resources = (await shared.listing("resources"))["resources"]
-    assert [r["uri"] for r in resources] == ["memo://one/readme", "memo://two/readme", "memo://big/readme"]
+    assert [r["uri"] for r in resources] == ["memo://big/readme", "memo://one/readme", "memo://two/readme"]
     read = await shared.read_resource({"uri": "memo://two/readme"})
     assert read["result"]["contents"][0]["text"] == "hello from two: memo://two/readme"
     templates = (await shared.listing("templates"))["resourceTemplates"]
-    assert [t["uriTemplate"] for t in templates][1:] == ["memo://two/notes/{id}", "memo://big/notes/{id}"]
+    assert [t["name"] for t in templates] == sorted(t["name"] for t in templates)
+    assert {"memo://big/notes/{id}", "memo://two/notes/{id}"} <= {t["uriTemplate"] for t in templates}
     by_template = await shared.read_resource({"uri": "memo://big/notes/7"})
     assert by_template["result"]["contents"][0]["text"] == "hello from big: memo://big/notes/7"
     assert "result" in await shared.subscribe({"uri": "memo://one/readme"})
