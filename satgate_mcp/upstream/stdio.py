@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import signal
 from typing import Any
@@ -23,6 +22,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
+from satgate_mcp.upstream.child_output import LINE_LIMIT, Dropped, answered_id, parse_line, read_line, unreadable_reply
 from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.wire import (
@@ -41,9 +41,6 @@ from satgate_mcp.upstream.wire import (
 
 #: The ids of the ``subscriptions/listen`` requests a modern child answers only when they end (never reused).
 LISTEN_ID = "satgate-listen"
-#: Longest stdout/stderr line accepted from a child; longer lines are logged and skipped.
-LINE_LIMIT = 32 * 1024 * 1024
-
 
 class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
     def __init__(
@@ -331,36 +328,32 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        while True:
-            try:
-                line = await proc.stdout.readline()
-            except ValueError:
-                self._log.warning("upstream_line_too_long", limit=LINE_LIMIT)
-                continue
-            if not line:
-                return
-            self._receive(line)
+        while (line := await read_line(proc.stdout)) is not None:
+            value = parse_line(line) if isinstance(line, bytes) else line
+            if isinstance(value, Dropped):
+                self._dropped(value)
+            elif value is not None:
+                self._receive(value)
 
-    def _receive(self, line: bytes) -> None:
-        raw = line.strip()
-        if not raw:
-            return
-        value: Any
-        try:
-            value = jsonrpc.loads(raw)  # orjson on the bytes as read; exact for what it would round
-        except ValueError:  # e.g. invalid UTF-8: read as before, with replacement characters
-            text = line.decode("utf-8", errors="replace").strip()
-            try:
-                value = json.loads(text)
-            except ValueError:
-                self._log.warning("upstream_output_not_json", line=clip(text, 500))
-                return
+    def _receive(self, value: Any) -> None:
         for message, item in self._sort_incoming(value):
             waiter = self._pending.get(message.id) if isinstance(message.id, int) else None
             if waiter is None or waiter.done():
                 self._log.debug("upstream_reply_unmatched", request_id=message.id)
             else:
                 waiter.set_result(item)
+
+    def _dropped(self, dropped: Dropped) -> None:
+        """Logged; the call it answered (when its head names one) gets an error now, not at its timeout."""
+        head = clip(dropped.head.decode("utf-8", errors="replace"), 200)
+        if dropped.reason == "too_long":
+            self._log.warning("upstream_line_too_long", limit=LINE_LIMIT, head=head)
+        else:
+            self._log.warning("upstream_output_not_json", line=head)
+        request_id = answered_id(dropped.head)
+        waiter = self._pending.get(request_id) if request_id is not None else None
+        if request_id is not None and waiter is not None and not waiter.done():
+            waiter.set_result(unreadable_reply(request_id, self.name, dropped))
 
     async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
