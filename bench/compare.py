@@ -31,12 +31,12 @@ from bench.phases import (
 from bench.pipes import pipes_phase
 from bench.processes import BENCH_REDIS_URL, Pinning, pin_plan, redis_reachable, stop_all
 from bench.render import jsonable, render_compare
-from bench.stats import METERED, TARGETS, interleave, summarize_rounds, with_ratios
+from bench.stats import METERED, OAUTH, TARGETS, interleave, summarize_rounds, with_ratios
 
 
 async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable[[str], None]) -> None:
     """Fills ``report`` as it goes, so what was measured before a failure or a timeout can still be printed."""
-    targets = (*TARGETS, METERED) if redis_reachable() else TARGETS
+    targets = (*TARGETS, OAUTH, METERED) if redis_reachable() else (*TARGETS, OAUTH)
     if METERED not in targets:
         progress(f"no Redis at {BENCH_REDIS_URL}: the metered target is left out")
     for round_no, target in interleave(cfg.rounds, targets):
@@ -74,7 +74,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     extras += float(args.soak) + 20 if args.soak > 0 else 0
     extras += 3 * (90 + args.instructions / 10) if args.instructions > 0 else 0
     extras += 20 + args.paired_calls * 0.05 if args.paired_calls > 0 else 0
-    return rounds * (len(TARGETS) + 1) * per_target + extras  # + 1: the metered target
+    return rounds * (len(TARGETS) + 2) * per_target + extras  # + 2: the oauth and metered targets
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from bench.processes import (
     Upstream,
     make_auth,
 )
-from bench.stats import TARGETS, percentile, ratio
+from bench.stats import OAUTH, TARGETS, percentile, ratio
 
 INIT_LIMIT = 50_000
 IDLE_BUDGET_SECONDS = 90.0
@@ -80,6 +82,9 @@ async def warm(client: Client, session: McpSession, calls: int = 20) -> None:
 
 async def run_target(cfg: CompareConfig, round_no: int, target: str) -> dict[str, Any]:
     """A fresh server for one target in one round: sessions, warm-up, one-at-a-time, load, initialize/s."""
+    if target == OAUTH:
+        async with oauth_auth(cfg.sessions) as auth:
+            return await measure(cfg, cfg.gateway(auth, f"{target}-r{round_no}"), auth.tokens, round_no, target)
     server: Gateway | Upstream | BenchServer
     tokens: list[str | None]
     if target == "baseline":
@@ -89,6 +94,26 @@ async def run_target(cfg: CompareConfig, round_no: int, target: str) -> dict[str
     else:
         auth = make_auth(target.removeprefix("gateway-"), cfg.sessions)
         server, tokens = cfg.gateway(auth, f"{target}-r{round_no}"), auth.tokens
+    return await measure(cfg, server, tokens, round_no, target)
+
+
+@contextlib.asynccontextmanager
+async def oauth_auth(clients: int) -> AsyncIterator[Auth]:
+    """OAuth mode against a real authorization server in this process (tests/oauth_server.py): it serves its
+    metadata and keys while the target runs; one access token per client, each its own subject."""
+    from tests.oauth_server import AuthServer
+
+    audience = "http://127.0.0.1/bench/mcp"
+    async with AuthServer() as idp:
+        idp.default_audience = audience
+        tokens: list[str | None] = [idp.mint(f"bench-{n}", ttl=3600) for n in range(clients)]
+        yield Auth({"SATGATE_AUTH_MODE": "oauth", "SATGATE_OAUTH_ISSUER": idp.issuer,
+                    "SATGATE_OAUTH_AUDIENCE": audience}, tokens)
+
+
+async def measure(cfg: CompareConfig, server: Gateway | Upstream | BenchServer, tokens: list[str | None],
+                  round_no: int, target: str) -> dict[str, Any]:
+    """Start ``server``, measure it, stop it whatever happens."""
     server.start()
     try:
         async with client_session(cfg.workers) as http:

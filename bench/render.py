@@ -181,8 +181,9 @@ def compare_heading(report: dict[str, Any], rows: Sequence[dict[str, Any]]) -> l
             f"- pinning: {report['pinning']}",
             f"- baseline: {BASELINES.get(cfg.get('baseline', 'test-upstream'), '?')} (answers "
             f"{', '.join(baseline_types) or 'n/a'}); gateway: python -m satgate_mcp serve as the README starts it "
-            "(a state folder), over tests/upstream_server.py via stdio; gateway-metered is header mode on Redis with "
-            "every call charged to a budget and counted by a rate limit",
+            "(a state folder), over tests/upstream_server.py via stdio; gateway-oauth verifies JWTs from an "
+            "authorization server the bench runs; gateway-metered is header mode on Redis with every call charged "
+            "to a budget and counted by a rate limit",
             "- clients: raw aiohttp JSON-RPC (Accept: application/json, text/event-stream); server CPU is "
             f"/proc utime+stime over the load window (CLK_TCK {CLK_TCK}); 1-call p50 is a separate sequential "
             f"phase; initialize/s opens sessions for {cfg['init_seconds']:g} s"]

@@ -15,6 +15,8 @@ from typing import Any
 TARGETS = ("baseline", "gateway-none", "gateway-header")
 #: Header mode on Redis, every call charged and rate limited: measured when the bench's Redis is reachable.
 METERED = "gateway-metered"
+#: OAuth mode, against an authorization server the bench runs in its own process.
+OAUTH = "gateway-oauth"
 
 #: The figures of a round that the summary takes the median of.
 ROUND_METRICS = ("calls_per_second", "ratio", "p50_ms", "p99_ms", "sequential_p50_ms", "server_cpu_ms_per_call",

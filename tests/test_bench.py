@@ -673,3 +673,18 @@ def test_tracing_summary_sets_the_modes_side_by_side_with_the_difference() -> No
     text = render({**result, "received_posts": 3, "received_bytes": 1000})
     assert "otlp - off: +0.0300 ms" in text
     assert summary([run("off", math.nan), run("otlp", 0.5)])["within_allowance"] is None
+
+
+async def test_the_oauth_target_mints_tokens_its_gateway_verifies() -> None:
+    from bench.phases import oauth_auth
+    from satgate_mcp.auth.base import AuthOutcome
+    from satgate_mcp.auth.oauth import JwtAuthenticator, OAuthPolicy
+    from satgate_mcp.stores.memory import MemoryRevocationStore
+
+    async with oauth_auth(2) as auth:
+        assert auth.env["SATGATE_AUTH_MODE"] == "oauth"
+        policy = OAuthPolicy(issuer=auth.env["SATGATE_OAUTH_ISSUER"], audiences=(auth.env["SATGATE_OAUTH_AUDIENCE"],))
+        verifier = JwtAuthenticator(policy, MemoryRevocationStore())
+        outcomes = [(await verifier.authenticate(f"Bearer {token}")).outcome for token in auth.tokens]
+        await verifier.aclose()
+    assert outcomes == [AuthOutcome.OK, AuthOutcome.OK]
