@@ -12,14 +12,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Link, SpanKind, Tracer
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.trace_context import meta_of, remote_parent
-from satgate_mcp.trace_spans import reply_failure, request_attributes, span_name
+from satgate_mcp.trace_spans import request_attributes, span_name
 from satgate_mcp.transport.mrtr import ModernRelay
 from satgate_mcp.transport.relay import CallRelay
+from satgate_mcp.upstream.client_trace import mark_failed, mark_reply
 
 
 async def traced_call(tracer: Tracer, request: jsonrpc.Request, run: Callable[[], Awaitable[JsonObj]], *,
@@ -38,15 +39,10 @@ async def traced_call(tracer: Tracer, request: jsonrpc.Request, run: Callable[[]
         try:
             reply = await run()
         except asyncio.CancelledError:
-            span.set_attribute("error.type", "cancelled")
-            span.set_status(Status(StatusCode.ERROR, "cancelled"))
+            mark_failed(span, "cancelled")
             raise
         except Exception as exc:
-            span.set_attribute("error.type", type(exc).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+            mark_failed(span, type(exc).__qualname__)
             raise
-        failure = reply_failure(reply)
-        if failure is not None:
-            span.set_attributes(failure.attributes())
-            span.set_status(Status(StatusCode.ERROR, failure.description))
+        mark_reply(span, reply)
         return reply

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj
@@ -48,12 +48,21 @@ async def traced_request(tracer: Tracer, method: str, params: JsonObj | None, at
         try:
             reply = await send(with_current_meta(params))
         except BaseException as exc:
-            kind = error_type(exc)
-            span.set_attribute("error.type", kind)
-            span.set_status(Status(StatusCode.ERROR, kind))
+            mark_failed(span, error_type(exc))
             raise
-        failure = reply_failure(reply)
-        if failure is not None:
-            span.set_attributes(failure.attributes())
-            span.set_status(Status(StatusCode.ERROR, failure.description))
+        mark_reply(span, reply)
         return reply
+
+
+def mark_failed(span: Span, kind: str) -> None:
+    """A request that ended without an answer: ``error.type`` and an error status, both saying ``kind``."""
+    span.set_attribute("error.type", kind)
+    span.set_status(Status(StatusCode.ERROR, kind))
+
+
+def mark_reply(span: Span, reply: JsonObj) -> None:
+    """An answer that is an error (a JSON-RPC error, or a tool result flagged ``isError``) marks its span so."""
+    failure = reply_failure(reply)
+    if failure is not None:
+        span.set_attributes(failure.attributes())
+        span.set_status(Status(StatusCode.ERROR, failure.description))
