@@ -8,15 +8,13 @@ Run as ``python -m bench.direct --port N``; prints ``READY <url>`` once it accep
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from typing import Any
 
-import uvicorn
 from mcp import types
 from mcp.server.lowlevel import Server
 
-HOST = "127.0.0.1"
+from bench.asgi import HOST, run
+
 ECHO_TOOL = {"name": "echo", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
                                               "required": ["text"]}}
 TOOLS = types.ListToolsResult.model_validate({"tools": [ECHO_TOOL]})
@@ -33,25 +31,9 @@ def build_server() -> Server[Any]:
     return Server("direct", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-async def serve(port: int) -> None:
-    app = build_server().streamable_http_app(host=HOST, json_response=True)
-    config = uvicorn.Config(app, host=HOST, port=port, loop="uvloop", http="httptools", lifespan="on",
-                            log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            await serving
-            raise SystemExit("direct: the HTTP server failed to start")
-        await asyncio.sleep(0.01)
-    print(f"READY http://{HOST}:{port}/mcp", flush=True)
-    await serving
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(parser.parse_args().port))
+    app = build_server().streamable_http_app(host=HOST, json_response=True)
+    run(app, name="direct", description=__doc__.splitlines()[0], lifespan="on")
 
 
 if __name__ == "__main__":

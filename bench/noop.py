@@ -8,15 +8,13 @@ Run as ``python -m bench.noop --port N``; prints ``READY <url>`` once it accepts
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-import uvicorn
 
-HOST = "127.0.0.1"
+from bench.asgi import run
+
 SESSION = b"noop-session"
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -58,24 +56,8 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": reply})
 
 
-async def serve(port: int) -> None:
-    config = uvicorn.Config(app, host=HOST, port=port, loop="uvloop", http="httptools", lifespan="off",
-                            log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            await serving
-            raise SystemExit("noop: the HTTP server failed to start")
-        await asyncio.sleep(0.01)
-    print(f"READY http://{HOST}:{port}/mcp", flush=True)
-    await serving
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(parser.parse_args().port))
+    run(app, name="noop", description=__doc__.splitlines()[0], lifespan="off")
 
 
 if __name__ == "__main__":
