@@ -7,15 +7,12 @@ here that the copy answers differently fails, whichever side changed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
 
 from satgate_mcp.policy.budget import Charge, decide
 from satgate_mcp.stores.redis.policy import RedisBudgetStore
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 #: limit, spent before, cost, enforce -> allowed, remaining, exceeded, spent after
 TABLE: list[tuple[float, float, float, bool, bool, float, bool, float]] = [
@@ -38,15 +35,8 @@ def test_decide(limit: float, spent: float, cost: float, enforce: bool, allowed:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except (OSError, redis.RedisError):
-        await client.aclose()
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    yield client
-    await client.aclose()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 @pytest.mark.parametrize(("limit", "spent", "cost", "enforce", "allowed", "remaining", "exceeded", "after"), TABLE)

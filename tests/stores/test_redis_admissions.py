@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from satgate_mcp.stores.redis.admissions import RedisAdmissions
 from satgate_mcp.stores.redis.policy import text
 from satgate_mcp.stores.sqlite import LocalState
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 Budget = tuple[float, float] | None  # limit, spent (None: no account yet)
 
 #: record before, budget before, (cost, limit, enforce) -> arrived, record after, spent after (None: no account)
@@ -54,15 +52,8 @@ def test_only_a_first_copy_has_a_record_to_take_back() -> None:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except (OSError, redis.RedisError):
-        await client.aclose()
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    yield client
-    await client.aclose()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 @pytest.mark.parametrize(("name", "record", "budget", "ask", "arrived", "record_after", "spent_after"), TABLE, ids=IDS)
