@@ -16,8 +16,8 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
+from tests.integration.front import gateway_in_front
 from tests.integration.test_modern_upstream import META, _call, _json_of, _post, legacy_client
 from tests.integration.test_mrtr_sdk import mint, modern_client, text_of
 
@@ -28,19 +28,9 @@ ROOT_KEY = "e2e-dual-upstream-root-key-0123456789abcdef"
 
 @pytest.fixture(params=["stdio", "http"])
 async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
-    args = ("--name", "m", "--era", "both")
-    server = HttpUpstreamProcess(*args).start() if request.param == "http" else None
-    spec = ({"transport": "http", "url": server.url} if server is not None
-            else {"transport": "stdio", "command": upstream_command(*args)})
-    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"m": spec})})
-    try:
-        gw.start()
-        await gw.wait_ready()
+    async with gateway_in_front(tmp_path, root_key=ROOT_KEY, name="m", transport=request.param,
+                                args=("--name", "m", "--era", "both")) as gw:
         yield gw
-        await gw.kill()
-    finally:
-        if server is not None:
-            server.stop()
 
 
 async def test_each_client_reaches_the_upstream_in_its_own_era(gateway: GatewayProcess) -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.conftest import HttpUpstreamProcess, upstream_command
+from tests.conftest import upstream_command
 from tests.gateway_process import GatewayProcess, call_text, child_pids, sdk_session
+from tests.integration.front import gateway_in_front
 from tests.integration.test_mrtr_sdk import mint
 
 pytestmark = pytest.mark.process
@@ -44,19 +45,9 @@ HEARD = {"notifications/tools/list_changed", "notifications/prompts/list_changed
                 ids=lambda p: f"{p[0]}-{p[1]}")
 async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
     era, transport = request.param
-    args = ("--name", "u", "--era", era)
-    server = HttpUpstreamProcess(*args).start() if transport == "http" else None
-    spec = ({"transport": "http", "url": server.url} if server is not None
-            else {"transport": "stdio", "command": upstream_command(*args)})
-    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"u": spec})})
-    try:
-        gw.start()
-        await gw.wait_ready()
+    async with gateway_in_front(tmp_path, root_key=ROOT_KEY, name="u", transport=transport,
+                                args=("--name", "u", "--era", era)) as gw:
         yield gw
-        await gw.kill()
-    finally:
-        if server is not None:
-            server.stop()
 
 
 def _headers(token: str, method: str, name: str | None = None) -> dict[str, str]:

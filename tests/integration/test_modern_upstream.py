@@ -26,8 +26,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.conftest import HttpUpstreamProcess, upstream_command
 from tests.gateway_process import GatewayProcess
+from tests.integration.front import gateway_in_front
 from tests.integration.test_mrtr_sdk import mint, modern_client, text_of
 
 pytestmark = pytest.mark.process
@@ -42,19 +42,9 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
 @pytest.fixture(params=["stdio", "http"])
 async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
     """The gateway in front of the 2026-only upstream, as a stdio child or as a Streamable HTTP server."""
-    args = ("--name", "m", "--modern-only")
-    server = HttpUpstreamProcess(*args).start() if request.param == "http" else None
-    spec = ({"transport": "http", "url": server.url} if server is not None
-            else {"transport": "stdio", "command": upstream_command(*args)})
-    gw = GatewayProcess(tmp_path, root_key=ROOT_KEY, settings={"SATGATE_UPSTREAMS": json.dumps({"m": spec})})
-    try:
-        gw.start()
-        await gw.wait_ready()
+    async with gateway_in_front(tmp_path, root_key=ROOT_KEY, name="m", transport=request.param,
+                                args=("--name", "m", "--modern-only")) as gw:
         yield gw
-        await gw.kill()
-    finally:
-        if server is not None:
-            server.stop()
 
 
 async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
