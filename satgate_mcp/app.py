@@ -20,8 +20,10 @@ from aiohttp.typedefs import Middleware
 from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
-from satgate_mcp.dispatch import Dispatcher, Policy, Pool
+from satgate_mcp.contracts import Policy, Pool
+from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
+from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
     INFLIGHT,
     METRICS,
@@ -61,6 +63,11 @@ def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublishe
         return LogPublisher(), None
     sink = JsonlFilePublisher(settings.events_file)
     return FanoutPublisher([LogPublisher(), sink]), sink
+
+
+def _guards(settings: Settings) -> list[Guard]:
+    """The configured guards (guards.py), outermost first."""
+    return []
 
 
 def create_app(
@@ -107,7 +114,8 @@ def create_app(
         clock=clock, tombstones=stores.tombstones)
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
-    dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy)
+    dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
+                            guards=Guards(_guards(settings)))
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)

@@ -3,7 +3,8 @@
 Shared by every transport: it knows identities, policy and the upstream pool, never HTTP.
 
 A token's ``tools``, ``resources`` and ``prompts`` caveats decide what it may name and what it is
-shown; every request forwarded upstream passes the policy's rate limit first.
+shown; then the configured guards (guards.py) have their say, and every request forwarded upstream
+passes the policy's rate limit last.
 """
 
 from __future__ import annotations
@@ -11,111 +12,28 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
 
 import structlog
 
 from satgate_mcp import SERVER_NAME, __version__, events, jsonrpc
 from satgate_mcp.auth.base import Identity
+from satgate_mcp.contracts import Operation, Policy, Pool, method_not_found
 from satgate_mcp.errors import GatewayError, ToolNotAllowed, UpstreamTimeout, UpstreamUnavailable
 from satgate_mcp.events import Publisher
-from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.guards import REMOTE_ADDR, Asked, ClientFacts, Guards, Target
+from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
-from satgate_mcp.subscriptions import Scope, Subscriptions
-from satgate_mcp.upstream.base import CALLER, Caller, Notice, ProgressCallback, is_relay
+from satgate_mcp.subscriptions import Subscriptions
+from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 from satgate_mcp.visibility import allows, named_target, visible_listing
 
 log = structlog.get_logger("satgate_mcp.dispatch")
 
-
-class Pool(Protocol):
-    """What the dispatcher asks of the upstreams: typed operations, each answered by the upstream that owns it.
-
-    The first four are what the app (``create_app``) calls: the pool's lifecycle and its links to sessions.
-    """
-
-    async def start(self) -> None:
-        """Once, as the app starts, before it listens: start the upstreams (bounded); raising aborts start-up."""
-    async def close(self) -> None:
-        """Once, as the app cleans up after a started pool: stop every upstream; a failure is logged, not raised."""
-    def listen(self, listener: Notice) -> None:
-        """Once, as the app is assembled: the one listener for merged list changes and resource updates."""
-    def session_ended(self, session_id: str) -> None:
-        """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
-    async def listening(self, timeout: float) -> None: ...
-    def expect_modern(self, timeout: float) -> None: ...
-    def readiness(self) -> dict[str, bool]: ...
-    def failures(self) -> dict[str, dict[str, str]]:
-        """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
-    def capabilities(self) -> JsonObj: ...
-    def instructions(self) -> list[tuple[str, str]]:
-        """(upstream, its instructions) for each upstream that gave some."""
-    def tools(self) -> list[JsonObj]: ...
-    @property
-    def tools_version(self) -> int: ...
-    def owner_of_tool(self, name: str) -> str | None: ...
-    def unknown_tool(self, name: str) -> GatewayError:
-        """The error for a tool no upstream lists (it names a down upstream that may own it)."""
-    async def set_log_level(self, level: str) -> None: ...
-    def subscription_scope(self, uri: str) -> Scope:
-        """The upstream children the current caller's subscription to ``uri`` lives on (empty: shared ones)."""
-    async def set_caller_log_level(self, caller: Caller, level: str) -> None:
-        """One session's level, for the upstream children that are its own (``"isolation"``)."""
-    async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
-    async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
-                            ) -> JsonObj: ...
-    async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
-    async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
-                          ) -> JsonObj: ...
-    async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
-    async def complete(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
-    async def listing(self, kind: Kind) -> JsonObj:
-        """The list result (``{"resources": [...]}``): one page, merged across upstreams."""
-        ...
-
-
-class Operation(Protocol):
-    """One of the pool's forwarding operations: the upstream's reply message to the client's params."""
-
-    def __call__(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
-                 ) -> Awaitable[JsonObj]: ...
-
-
-class Policy(Protocol):
-    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
-                    request_id: RequestId, params: JsonObj | None) -> Any: ...
-    async def settle(self, admission: Any, *, ran: bool) -> None: ...
-    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
-        """Forward an admitted ``tools/call`` (identical copies in flight share one run) and settle it."""
-        ...
-    async def budget_status(self, identity: Identity) -> JsonObj: ...
-    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj: ...
-
-
-class UnmeteredPolicy:
-    """The policy of a gateway without limits or budgets: admits everything, settles nothing.
-
-    It has no budgets to report or delegate, so those methods are not found, as on a gateway
-    that does not offer them.
-    """
-
-    async def admit(self, identity: Identity, *, method: str, tool: str | None, session_id: str,
-                    request_id: RequestId, params: JsonObj | None) -> Any:
-        return None
-
-    async def settle(self, admission: Any, *, ran: bool) -> None:
-        return None
-
-    async def run(self, admission: Any, call: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
-        return await call()
-
-    async def budget_status(self, identity: Identity) -> JsonObj:
-        raise method_not_found("satgate/budget")
-
-    async def delegate(self, identity: Identity, params: JsonObj | None) -> JsonObj:
-        raise method_not_found("satgate/delegate")
+#: The forwarded requests the guards judge (besides ``tools/call``): each names one resource or prompt.
+GUARDED_METHODS = frozenset({"resources/read", "prompts/get"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,19 +44,22 @@ class Call:
     identity: Identity
     session_id: str
     on_progress: ProgressCallback | None
+    #: The session's protocol and the client's name and version, where the transport knows them.
+    client: ClientFacts | None = None
 
     @property
     def params(self) -> JsonObj | None:
         return self.request.params
 
+    def asked(self, target: Target, name: str, upstream: str | None = None, definition: JsonObj | None = None
+              ) -> Asked:
+        """This request as the guards see it."""
+        return Asked(self.request.method, self.identity, self.session_id, target, name, self.params or {},
+                     upstream, definition, self.client, REMOTE_ADDR.get(), self.on_progress)
+
 
 #: A method's handler: the reply message (any id; the dispatcher puts the client's on it).
 Handler = Callable[[Call], Awaitable[JsonObj]]
-
-
-def method_not_found(method: str) -> GatewayError:
-    return GatewayError(f"Method not found: {method}", {"error": "method_not_found", "method": method[:100]},
-                        code=jsonrpc.METHOD_NOT_FOUND)
 
 
 def _admitted(call: Call) -> None:
@@ -165,8 +86,9 @@ async def _already_initialized(call: Call) -> JsonObj:
 class Dispatcher:
     def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
-                 list_page_size: int = LIST_PAGE_SIZE) -> None:
+                 list_page_size: int = LIST_PAGE_SIZE, guards: Guards | None = None) -> None:
         self._pool = pool
+        self._guards = guards or Guards()
         self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
         self._list_page_size = list_page_size
         self._policy = policy
@@ -242,15 +164,20 @@ class Dispatcher:
         """The merged ``inputSchema`` of a tool, or None when there is no such tool."""
         return next((t.get("inputSchema") for t in self._pool.tools() if t.get("name") == name), None)
 
+    @property
+    def guarded(self) -> bool:
+        """Whether any guard is configured (the transports then tell who the client is)."""
+        return bool(self._guards)
+
     async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
-                     on_progress: ProgressCallback | None = None) -> JsonObj:
+                     on_progress: ProgressCallback | None = None, client: ClientFacts | None = None) -> JsonObj:
         """The reply message for one request, always with the client's id; never raises GatewayError."""
         caller = CALLER.set(Caller(identity.token_id, session_id))  # whose child an isolated upstream uses
         try:
             handler = self._routes.get(request.method)
             if handler is None:
                 raise method_not_found(request.method)
-            reply = await handler(Call(request, identity, session_id, on_progress))
+            reply = await handler(Call(request, identity, session_id, on_progress, client))
         except GatewayError as exc:
             return jsonrpc.error_response(request.id, exc.code, exc.message, exc.data)
         except Exception:
@@ -264,7 +191,8 @@ class Dispatcher:
 
     async def _list_tools(self, call: Call) -> JsonObj:
         """Answered here, from the pool's merged tools, in our own pages."""
-        visible = [t for t in self._pool.tools() if call.identity.allows_tool(str(t.get("name", "")))]
+        visible = self._guards.visible(call.identity, "tools", [
+            t for t in self._pool.tools() if call.identity.allows_tool(str(t.get("name", "")))], call.client)
         items, next_cursor = page(visible, (call.params or {}).get("cursor"))
         result: JsonObj = {"tools": items}
         if next_cursor:
@@ -290,7 +218,8 @@ class Dispatcher:
             result = reply.get("result")
             if not isinstance(result, dict) or not isinstance(result.get(key), list):
                 return reply
-            items, next_cursor = page(result[key], cursor, self._list_page_size)
+            items, next_cursor = page(self._guards.visible(call.identity, kind, result[key], call.client), cursor,
+                                      self._list_page_size)
             paged_result: JsonObj = {**result, key: items}
             if next_cursor:
                 paged_result["nextCursor"] = next_cursor
@@ -323,16 +252,23 @@ class Dispatcher:
                 raise GatewayError(f"{kind.capitalize()} {name[:200]!r} is not allowed for this token",
                                    {"error": f"{kind}_not_allowed", kind: name[:200]},
                                    code=jsonrpc.TOOL_NOT_ALLOWED)
-            admission = await self._policy.admit(call.identity, method=method, tool=None, session_id=call.session_id,
-                                                 request_id=call.request.id, params=params)
-            _admitted(call)
-            try:
-                reply = await operation(params, on_progress=call.on_progress)
-            finally:
-                await self._policy.settle(admission, ran=True)
-            return visible_listing(call.identity, method, reply)
+            if target is not None and self._guards and method in GUARDED_METHODS:
+                asked = call.asked("prompt" if target[0] == "prompt" else "resource", target[1])
+                return await self._guards.run(asked, partial(self._forward, call, operation))
+            return await self._forward(call, operation)
 
         return forward
+
+    async def _forward(self, call: Call, operation: Operation) -> JsonObj:
+        method, params = call.request.method, call.params
+        admission = await self._policy.admit(call.identity, method=method, tool=None, session_id=call.session_id,
+                                             request_id=call.request.id, params=params)
+        _admitted(call)
+        try:
+            reply = await operation(params, on_progress=call.on_progress)
+        finally:
+            await self._policy.settle(admission, ran=True)
+        return visible_listing(call.identity, method, reply)
 
     async def _admit_and_settle(self, call: Call) -> None:
         """Budget methods count against the rate limit like anything else the policy answers."""
@@ -351,7 +287,7 @@ class Dispatcher:
 
     async def _call_tool(self, call: Call) -> JsonObj:
         params = call.params or {}
-        identity, session_id, on_progress = call.identity, call.session_id, call.on_progress
+        identity, session_id = call.identity, call.session_id
         name = params.get("name")
         if not isinstance(name, str) or not name:
             raise GatewayError("tools/call needs a tool name", {"error": "invalid_params"},
@@ -372,6 +308,16 @@ class Dispatcher:
         upstream = self._pool.owner_of_tool(name)
         if upstream is None:
             raise self._pool.unknown_tool(name)
+        if self._guards:
+            definition = next((t for t in self._pool.tools() if t.get("name") == name), None)
+            return await self._guards.run(call.asked("tool", name, upstream, definition),
+                                          partial(self._run_tool, call, name, upstream))
+        return await self._run_tool(call, name, upstream)
+
+    async def _run_tool(self, call: Call, name: str, upstream: str) -> JsonObj:
+        """An allowed call, through the policy (rate, duplicates, charge) to its upstream, measured."""
+        params = call.params or {}
+        identity, session_id, on_progress = call.identity, call.session_id, call.on_progress
         admission = await self._policy.admit(identity, method="tools/call", tool=name, session_id=session_id,
                                              request_id=call.request.id, params=params)
         _admitted(call)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from satgate_mcp.dispatch import Pool
+from satgate_mcp.contracts import Pool
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.sessions import SessionRegistry

@@ -98,6 +98,8 @@ class Session:
     quota_key: str = ""
     #: What the client declared at initialize; None when unknown (a resumed session): relay, and relay its refusal.
     client_capabilities: dict[str, object] | None = None
+    #: The ``clientInfo`` it declared at initialize (policy and audit name the client by it); None: unknown.
+    client_info: object = None
     #: The level this client asked for with ``logging/setLevel`` (None: everything).
     log_level: str | None = None
 
@@ -108,6 +110,7 @@ class Session:
         """The client's ``initialize`` params: the capabilities it offers, parsed here only (not an object: none)."""
         declared = (init_params or {}).get("capabilities")
         self.client_capabilities = dict(declared) if isinstance(declared, dict) else {}
+        self.client_info = (init_params or {}).get("clientInfo")
 
     def rebind(self, identity: Identity) -> None:
         """The identity of the token this request presented (its scopes and caveats decide this request)."""

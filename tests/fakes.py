@@ -16,7 +16,7 @@ import pytest
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.dispatch import UnmeteredPolicy
+from satgate_mcp.contracts import UnmeteredPolicy
 from satgate_mcp.errors import GatewayError, UnknownTarget
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.exits import ExitCode

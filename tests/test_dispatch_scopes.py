@@ -11,7 +11,8 @@ import pytest
 
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.dispatch import Dispatcher, Policy, UnmeteredPolicy
+from satgate_mcp.contracts import Policy, UnmeteredPolicy
+from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics

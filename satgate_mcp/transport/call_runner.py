@@ -18,6 +18,7 @@ import structlog
 from satgate_mcp import jsonrpc, tracing
 from satgate_mcp.auth.base import per_token_quota
 from satgate_mcp.dispatch import Dispatcher
+from satgate_mcp.guards import ClientFacts
 from satgate_mcp.inflight import InflightLimiter, too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
@@ -26,7 +27,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.transport.call_trace import traced_call
 from satgate_mcp.transport.checks import Principal
 from satgate_mcp.transport.relay import CallRelay, Emit, Pause, PendingAsks, is_log_level, most_verbose
-from satgate_mcp.transport.stateless_rules import MODERN_VERSION
+from satgate_mcp.transport.stateless_rules import META_CLIENT_INFO, MODERN_VERSION
 
 log = structlog.get_logger("satgate_mcp.transport")
 
@@ -45,6 +46,11 @@ def inflight_limiter(settings: Settings, auth_mode: str) -> InflightLimiter:
     per_token = per_token_quota(auth_mode, settings.max_inflight_per_token)
     return InflightLimiter(per_token=settings.max_inflight if per_token is None else per_token,
                            total=settings.max_inflight)
+
+
+def _meta_of(params: JsonObj | None) -> JsonObj:
+    meta = (params or {}).get("_meta")
+    return meta if isinstance(meta, dict) else {}
 
 
 class RunningCall:
@@ -200,13 +206,17 @@ class CallRunner:
         """The one call into the dispatcher (its signature is the router's to change).
 
         Without a session (2026-07-28) the duplicate guard keys by token id + request id + params."""
-        session_id = caller.id if isinstance(caller, Session) else f"token:{caller.identity.token_id}"
+        session = caller if isinstance(caller, Session) else None
+        session_id = session.id if session is not None else f"token:{caller.identity.token_id}"
+        client = None
+        if self._dispatcher.guarded:  # who the client says it is costs a little, and only guards ask
+            client = (ClientFacts.of(session.protocol_version, session.client_info) if session is not None else
+                      ClientFacts.of(MODERN_VERSION, _meta_of(request.params).get(META_CLIENT_INFO)))
         tracer = tracing.TRACER
         if tracer is not None:
-            session = caller if isinstance(caller, Session) else None
             return await traced_call(tracer, request, partial(
                 self._dispatcher.handle, request, identity=caller.identity, session_id=session_id,
-                on_progress=on_progress), session_id=None if session is None else session.id, relay=on_progress,
-                protocol_version=session.protocol_version if session is not None else MODERN_VERSION)
+                on_progress=on_progress, client=client), session_id=None if session is None else session.id,
+                relay=on_progress, protocol_version=session.protocol_version if session is not None else MODERN_VERSION)
         return await self._dispatcher.handle(request, identity=caller.identity, session_id=session_id,
-                                             on_progress=on_progress)
+                                             on_progress=on_progress, client=client)

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import Counter
 
+from satgate_mcp.guards import REMOTE_ADDR
 from satgate_mcp.keys import CLOSE_CONNECTION, RPC_METHOD, SESSION_ID, TOKEN_ID
 from satgate_mcp.logs import ACCESS_FIELDS
 from satgate_mcp.metrics import Metrics
@@ -57,6 +58,7 @@ def request_logger(metrics: Metrics, *, log_health: bool = True) -> Middleware:
         status = 500
         note: dict[str, object] = {}
         reset = ACCESS_FIELDS.set(note)
+        REMOTE_ADDR.set(request.remote)  # each request is handled in a task (a context) of its own
         try:
             response = await handler(request)
             status = response.status

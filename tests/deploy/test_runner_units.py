@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from satgate_mcp.contracts import Pool
 from satgate_mcp.daemon import runner
 from satgate_mcp.daemon.notify import Notifier
-from satgate_mcp.dispatch import Pool
 from satgate_mcp.keys import POOL
 from tests.deploy.clocks import SteppingClock
 
