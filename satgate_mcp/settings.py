@@ -15,10 +15,11 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
+from satgate_mcp.settings_governance import GovernanceSettings
 
 ENV_PREFIX = "SATGATE_"
 MIN_ROOT_KEY_LENGTH = 32
@@ -109,7 +110,7 @@ ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "co
                        "soft": "control"}
 
 
-class Settings(BaseSettings):
+class Settings(GovernanceSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8",
                                       env_ignore_empty=True)
 

@@ -1,0 +1,13 @@
+"""The settings of governance: policy rules, pinned tool definitions, tool controls and the audit trail.
+
+A part of ``Settings`` (it inherits this class), kept in its own module so settings.py stays about the
+daemon, its clients and its stores. Every field here is a ``SATGATE_*`` variable like any other.
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings
+
+
+class GovernanceSettings(BaseSettings):
+    """What the guards (guards.py) and the audit trail are configured by."""
