@@ -24,6 +24,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.memory import MemoryRevocationStore
 from tests.fakes import AllowAllPolicy, FakePool
+from tests.fuzz_scale import examples
 from tests.raw_http import raw_post
 
 EXPECTED_STATUSES = {200, 202, 400, 404, 405, 406, 413, 415}
@@ -62,7 +63,7 @@ async def open_session(client: TestClient[web.Request, web.Application]) -> str:
     return resp.headers["Mcp-Session-Id"]
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies, with_session=st.booleans(),
        content_type=st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain"]),
        accept=st.sampled_from(["application/json, text/event-stream", "application/json", "*/*", "text/html"]))
@@ -151,7 +152,7 @@ def every_authenticator() -> list[Authenticator]:
             MacaroonAuthenticator(FUZZ_KEY, MemoryRevocationStore(), cache_seconds=0)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(header=authorization_headers)
 async def test_any_credential_gets_an_outcome_at_a_bounded_cost(header: str | None) -> None:
     for authenticator in every_authenticator():
@@ -190,7 +191,7 @@ async def any_mode_client(request: pytest.FixtureRequest, aiohttp_client: Aiohtt
     return await aiohttp_client(app)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(headers=st.one_of(header_lines, bearer_lines), host=st.one_of(st.just(b"127.0.0.1"), header_values))
 async def test_any_header_bytes_get_a_4xx_json_rpc_answer_or_pass_never_a_5xx(
         any_mode_client: TestClient[web.Request, web.Application], headers: bytes, host: bytes) -> None:
