@@ -53,6 +53,13 @@ echo "== pytest"
 # The benchmark runs and every call succeeds (a few seconds; figures are printed, never asserted).
 echo "== benchmark smoke"
 "$VENV/bin/python" scripts/bench.py --clients 4 --calls 25
+# Several faults at once under load: two gateways on one Redis, SDK clients, kills and pauses (about a minute).
+echo "== chaos (short)"
+if command -v redis-server >/dev/null 2>&1; then
+  "$VENV/bin/python" scripts/chaos.py --short
+else
+  echo "skipped: redis-server is not installed"
+fi
 # The README's install command on the oldest and newest supported Python (each found on PATH), in fresh venvs.
 echo "== install check"
 "$VENV/bin/python" scripts/check_install.py
