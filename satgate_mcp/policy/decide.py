@@ -96,6 +96,12 @@ class Plan:
         first = self.steps[0]
         return first if isinstance(first, Decision) else None
 
+    @property
+    def always_denied(self) -> bool:
+        """Denied whatever the call's own variables say: each per-call rule on the way denies if it matches (or
+        fails), and the decision they fall through to is a deny."""
+        return all(step.denied if isinstance(step, Decision) else step.effect is Effect.DENY for step in self.steps)
+
 
 class PlanKey(NamedTuple):
     identity: Identity
@@ -194,8 +200,7 @@ class Decider:
         listed = self.plan(identity, shape.list_method, name, upstream, definition).static
         if listed is not None and listed.rule is not None:
             return listed.denied
-        called = self.plan(identity, shape.call_method, name, upstream, definition).static
-        return called is not None and called.denied
+        return self.plan(identity, shape.call_method, name, upstream, definition).always_denied
 
 
 class Listed(NamedTuple):

@@ -192,3 +192,67 @@ def test_which_conditions_are_decided_per_token_and_tool(source: str, cached: bo
 def test_a_condition_that_throws_is_a_condition_error(source: str) -> None:
     with pytest.raises(ConditionError):
         compile_condition(source).evaluate({"args": {"n": 1}})
+
+
+# --- lists: hidden only when denied whatever the arguments ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("identity", "tool", "hidden"), [
+    pytest.param(ACME, DROP, True, id="destructive-without-admin-hidden"),
+    pytest.param(ADMIN, DROP, False, id="destructive-with-admin-shown"),
+    pytest.param(ACME, GITHUB_GET, False, id="depends-on-args-shown"),
+    pytest.param(ACME, GITHUB_DELETE, True, id="every-outcome-a-deny-hidden"),
+    pytest.param(ACME, ECHO, False, id="no-rule-shown"),
+])
+def test_the_readme_policy_hides_only_what_it_always_denies(identity: Identity, tool: JsonObj, hidden: bool) -> None:
+    assert Decider(readme_rules()).hidden(identity, "tools", tool, "github") is hidden
+
+
+def test_an_allow_that_reads_args_before_a_deny_keeps_the_tool_listed() -> None:
+    ruleset = rules({"rules": [{"name": "maybe", "when": "args.ok == true", "effect": "allow"},
+                               {"name": "no", "effect": "deny"}]})
+    assert not Decider(ruleset).hidden(ACME, "tools", ECHO, None)
+    assert Decider(ruleset).decide(asked(ACME, ECHO, {"ok": True})).effect is Effect.ALLOW
+
+
+def test_a_list_rule_hides_from_its_list_only() -> None:
+    ruleset = rules({"rules": [{"name": "unlisted", "methods": ["tools/list"], "tools": ["echo"], "effect": "deny"}]})
+    decider = Decider(ruleset)
+    assert decider.hidden(ACME, "tools", ECHO, None)
+    assert decider.decide(asked(ACME, ECHO)).effect is Effect.ALLOW
+
+
+def test_a_default_deny_hides_what_no_rule_allows() -> None:
+    ruleset = rules({"rules": [{"name": "echo-ok", "tools": ["echo"], "effect": "allow"}]}, Effect.DENY)
+    decider = Decider(ruleset)
+    assert not decider.hidden(ACME, "tools", ECHO, None)
+    assert decider.hidden(ACME, "tools", DROP, None)
+    assert decider.hidden(ACME, "prompts", {"name": "anything"}, None)
+
+
+# --- the plan cache never serves another caller's or another definition's answer -------------------------------
+
+
+def test_a_plan_is_made_once_per_token_and_tool() -> None:
+    decider = Decider(readme_rules())
+    first = decider.plan(ACME, "tools/call", "drop_table", "github", DROP)
+    assert decider.plan(ACME, "tools/call", "drop_table", "github", DROP) is first
+
+
+def test_claims_that_differ_are_never_served_from_the_cache() -> None:
+    """Identity equality ignores claims (sessions compare identities): the plan must not."""
+    decider = Decider(readme_rules())
+    same_but_other_org = Identity(token_id="agent-7", tenant="acme", subject="alice", scopes=frozenset({"mcp:use"}),
+                                  claims={"org": "evil"})
+    assert same_but_other_org == ACME
+    assert not decide(readme_rules(), asked(ACME, GITHUB_GET, {"repo": "acme/x"})).denied
+    assert not decider.decide(asked(ACME, GITHUB_GET, {"repo": "acme/x"})).denied
+    assert decider.decide(asked(same_but_other_org, GITHUB_GET, {"repo": "acme/x"})).denied
+
+
+def test_a_changed_definition_is_judged_afresh() -> None:
+    """An upstream that turns a tool destructive after the first call gets the new definition judged."""
+    decider = Decider(readme_rules())
+    harmless = {"name": "drop_table", "inputSchema": {}, "annotations": {"destructiveHint": False}}
+    assert not decider.decide(asked(ACME, harmless)).denied
+    assert decider.decide(asked(ACME, DROP)).denied
