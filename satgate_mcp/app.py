@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -27,6 +28,7 @@ from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
     INFLIGHT,
     METRICS,
+    POLICY_FILE,
     POOL,
     REGISTRY,
     RESUMES_SESSIONS,
@@ -36,14 +38,18 @@ from satgate_mcp.keys import (
     TOMBSTONES,
 )
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.decide import Decider
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.policy.policy_file import PolicyFile, load_at_start
+from satgate_mcp.policy.rule_guard import PolicyGuard
+from satgate_mcp.policy.rules import Effect
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import open_stores
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
-from satgate_mcp.transport.listen import Listeners, fan_out
+from satgate_mcp.transport.listen import Listeners, Notice, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.replay import ReplayBook
@@ -53,6 +59,7 @@ from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 from satgate_mcp.transport.trace_middleware import tracing_middleware
+from satgate_mcp.upstream.catalog import ANNOUNCED
 from satgate_mcp.upstream.pool import UpstreamPool
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -65,9 +72,28 @@ def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublishe
     return FanoutPublisher([LogPublisher(), sink]), sink
 
 
-def _guards(settings: Settings) -> list[Guard]:
+def _guards(app: web.Application, publisher: Publisher, metrics: Metrics) -> list[Guard]:
     """The configured guards (guards.py), outermost first."""
-    return []
+    guards: list[Guard] = []
+    settings = app[SETTINGS]
+    if settings.policy_file is not None:  # a bad file stops the start here, in one line
+        default = Effect(settings.policy_default)
+        rules = load_at_start(settings.policy_file, default)
+        policy = PolicyGuard(Decider(rules), publisher=publisher, metrics=metrics,
+                             owner_of_tool=app[POOL].owner_of_tool)
+        app[POLICY_FILE] = PolicyFile(settings.policy_file, default, policy, publisher=publisher, metrics=metrics)
+        app.cleanup_ctx.append(_policy_watch)
+        guards.append(policy)
+    return guards
+
+
+async def _policy_watch(app: web.Application) -> AsyncIterator[None]:
+    """The policy file's poller: every process sees a change within a second."""
+    task = asyncio.create_task(app[POLICY_FILE].watch(), name="policy-file")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def create_app(
@@ -115,7 +141,7 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
-                            guards=Guards(_guards(settings)))
+                            guards=Guards(_guards(app, publisher, metrics)))
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)
@@ -145,7 +171,10 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     subscriptions = dispatcher.subscriptions
     hub = StreamHub(subscriptions.table, lambda: dispatcher.tools_version)
     listeners = Listeners()
-    pool.listen(fan_out(hub.notice, listeners.notice))
+    notice = fan_out(hub.notice, listeners.notice)
+    pool.listen(notice)
+    if POLICY_FILE in app:  # a reload that changes what sessions may see tells them the way the pool does
+        app[POLICY_FILE].on_lists_changed = partial(_lists_changed, notice, dispatcher)
 
     def session_ended(session: Session, reason: CloseReason) -> None:
         hub.end(session.id)
@@ -170,6 +199,12 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())
+
+
+def _lists_changed(notice: Notice, dispatcher: Dispatcher, kinds: list[str]) -> None:
+    dispatcher.guards_changed(kinds)
+    for method in dict.fromkeys(ANNOUNCED[kind] for kind in kinds if kind in ANNOUNCED):
+        notice(method, None)
 
 
 async def _stores(app: web.Application) -> AsyncIterator[None]:

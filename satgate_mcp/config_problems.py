@@ -63,6 +63,7 @@ SETTING_EXAMPLES: dict[str, str] = {
     "tool_costs": '\'{"search": 1, "db_*": 5}\'',
     "budgets": '\'{"team-a": 1000}\'',
     "events_file": "/var/log/satgate-mcp/events.jsonl",
+    "policy_file": "/etc/satgate-mcp/policy.yaml",
     "redis_url": "redis://127.0.0.1:6379/0",
     "state_dir": "/var/lib/satgate-mcp",
     "log_format": "json",

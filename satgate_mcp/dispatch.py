@@ -117,7 +117,13 @@ class Dispatcher:
 
     @property
     def tools_version(self) -> int:
-        return self._pool.tools_version
+        """The tool list's version as a session sees it: the pool's, plus each change of what guards hide."""
+        return self._pool.tools_version + self._guards.version
+
+    def guards_changed(self, kinds: list[str]) -> None:
+        """What the guards hide changed for these list kinds: sessions without a stream are owed a tools list."""
+        if "tools" in kinds:
+            self._guards.tools_changed()
 
     async def set_upstream_log_level(self, level: str) -> None:
         """The most verbose level any session asked for, to every upstream that logs (the call runner decides it)."""

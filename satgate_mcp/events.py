@@ -30,6 +30,12 @@ RATE_LIMITED: Final = "rate_limited"
 NOT_ALLOWED: Final = "not_allowed"
 DELEGATION: Final = "delegation"
 UPSTREAM_RESTART: Final = "upstream_restart"
+#: A policy rule (or SATGATE_POLICY_DEFAULT) refused a call, or its condition failed (``error`` says why).
+POLICY_DENIED: Final = "policy_denied"
+#: SATGATE_POLICY_FILE changed and was taken into use (``rules``: how many).
+POLICY_LOADED: Final = "policy_loaded"
+#: SATGATE_POLICY_FILE changed but does not parse or compile: the last good policy stays in force.
+POLICY_REJECTED: Final = "policy_rejected"
 
 
 class Publisher(Protocol):

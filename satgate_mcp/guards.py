@@ -80,10 +80,16 @@ class Guard(Protocol):
 class Guards:
     """The configured guards, outermost first."""
 
-    __slots__ = ("_guards",)
+    __slots__ = ("_guards", "version")
 
     def __init__(self, guards: Sequence[Guard] = ()) -> None:
         self._guards = tuple(guards)
+        #: Goes up whenever a guard may hide other tools than before (a reloaded policy): with the pool's own
+        #: tools version it tells a session without a stream that it is owed ``notifications/tools/list_changed``.
+        self.version = 0
+
+    def tools_changed(self) -> None:
+        self.version += 1
 
     def __bool__(self) -> bool:
         return bool(self._guards)

@@ -10,6 +10,7 @@ from aiohttp import web
 from satgate_mcp.contracts import Pool
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.policy_file import PolicyFile
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import StoreProbe, Stores
@@ -25,6 +26,8 @@ INFLIGHT = web.AppKey("inflight", InflightLimiter)
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
 #: Every store of this process (``open_stores``); the app opened them and closes them last.
 STORES = web.AppKey("stores", Stores)
+#: Present with SATGATE_POLICY_FILE: the file every process re-reads when it changes.
+POLICY_FILE = web.AppKey("policy_file", PolicyFile)
 
 
 #: Present when a store is configured: Redis, or the state database (SATGATE_STATE_DIR).

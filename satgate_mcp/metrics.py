@@ -68,9 +68,15 @@ class Metrics:
         self.trace_export_failures = Counter("satgate_trace_export_failures",
                                              "Batches of spans the trace exporter could not deliver (SATGATE_TRACING)",
                                              registry=r)
+        self.policy_decisions = Counter("satgate_policy_decisions", "Calls judged by policy rules, by deciding rule "
+                                        "(`(default)`: none matched) and effect (allow, deny, error)",
+                                        ["rule", "effect"], registry=r)
+        self.policy_reloads = Counter("satgate_policy_reloads", "Changes of SATGATE_POLICY_FILE, by outcome "
+                                      "(loaded, rejected)", ["outcome"], registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)
+        self.policy_decision = Children(self.policy_decisions)
 
     def watch_revocation_files(self, files: Sequence[WatchedFile]) -> None:
         """Export the revocation files' health; a no-op when none is configured."""

@@ -6,8 +6,16 @@ daemon, its clients and its stores. Every field here is a ``SATGATE_*`` variable
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic_settings import BaseSettings
 
 
 class GovernanceSettings(BaseSettings):
     """What the guards (guards.py) and the audit trail are configured by."""
+
+    #: Ordered policy rules (YAML or JSON ``{"rules": [...]}``, docs/governance.md); re-read within 1 s of a change.
+    policy_file: Path | None = None
+    #: What a call no rule matches gets.
+    policy_default: Literal["allow", "deny"] = "allow"

@@ -215,6 +215,15 @@ MEANINGS: dict[str, str] = {
         "`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER` and `OTEL_RESOURCE_ATTRIBUTES` apply too) or `console` (spans "
         "as JSON on stderr). See [operations.md](operations.md#tracing)."
     ),
+    "policy_file": (
+        "Policy rules: a YAML or JSON file `{\"rules\": [...]}` of ordered rules with CEL conditions over the token, "
+        "the tool, its arguments, the session and the request; first match wins. Re-read within 1 s of a change "
+        "(a bad file is refused and the last good policy kept); a bad file at start stops `serve`. Check one with "
+        "`satgate-mcp policy check FILE`. See [governance.md](governance.md#policy-rules)."
+    ),
+    "policy_default": (
+        "`allow` or `deny`: what a call that no policy rule matches gets (only with `SATGATE_POLICY_FILE`)."
+    ),
 }
 
 #: Where "unset" means more than nothing: the default column says what happens instead.

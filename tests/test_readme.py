@@ -29,9 +29,11 @@ from pathlib import Path
 import pytest
 
 from satgate_mcp.daemon.children import child_pids
+from satgate_mcp.policy.rules import Effect, compile_rules, parse_text
 from satgate_mcp.settings import Settings, known_variables
 from scripts.check_install import SUPPORTED, TEST_COMMAND, readme_install_block
 from tests.gateway_process import REPO, base_env, free_port
+from tests.policy.readme_policy import readme_policy
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -92,6 +94,9 @@ CLAIMS: dict[str, Claim] = {
     "modern client": Claim("python", "from mcp import Client", "test_quick_start_serves_the_clients"),
     "header recipe": Claim("sh", "token mint", "test_header_recipe_runs_end_to_end"),
     "agent": Claim("sh", "python client.py", "test_header_recipe_runs_end_to_end"),
+    "policy": Claim("yaml", "github-repo-outside-org", "test_the_policy_example_is_what_the_policy_tests_judge_by",
+                    not_run="a file, not a command: tests/policy/test_policy_rules.py judges calls by this very text "
+                            "and tests/integration/test_policy_gateway.py serves it"),
 }
 
 
@@ -262,6 +267,12 @@ def test_every_block_is_run_or_excused() -> None:
     assert not unclaimed, f"README blocks no test runs or excuses (lines {[b.line for b in unclaimed]}): add to CLAIMS"
     for name, claim in CLAIMS.items():
         assert claim.test in globals(), f"{name}: no test called {claim.test}"
+
+
+def test_the_policy_example_is_what_the_policy_tests_judge_by() -> None:
+    text = block("policy").text
+    assert text == readme_policy()
+    assert len(compile_rules(parse_text(text, "README.md"), Effect.ALLOW, "README.md").rules) == 2
 
 
 def test_the_first_sh_block_is_what_check_install_runs() -> None:

@@ -94,6 +94,12 @@ RELAY_LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # --- --modern-only: a 2026-07-28 server that knows no handshake (issue 12, upstream side) ----------------------
 #: ``mrtr_ask`` answers its first call input_required (an elicitation and a requestState), its retry with the answer.
+#: With --governance: tools whose definitions carry annotations (policy rules read them), a GitHub-like family.
+GOVERNANCE_TOOLS: dict[str, tuple[JsonObj, JsonObj]] = {
+    "github_get_repo": (_schema(repo="string"), {"readOnlyHint": True}),
+    "github_delete_repo": (_schema(repo="string"), {"destructiveHint": True, "readOnlyHint": False}),
+    "drop_table": (_schema(table="string"), {"destructiveHint": True}),
+}
 MODERN_TOOLS: dict[str, JsonObj] = {"mrtr_ask": {"type": "object", "properties": {"question": {"type": "string"}}}}
 
 
@@ -227,8 +233,10 @@ class State:
         out = []
         for full in self.tools:
             base = full.removeprefix(self.prefix)
-            schema = BASE_TOOLS.get(base) or MODERN_TOOLS.get(base) or _schema()
-            out.append({"name": full, "description": f"{base} on {self.name}", "inputSchema": schema})
+            governed = GOVERNANCE_TOOLS.get(base)
+            schema = BASE_TOOLS.get(base) or MODERN_TOOLS.get(base) or (governed[0] if governed else _schema())
+            out.append({"name": full, "description": f"{base} on {self.name}", "inputSchema": schema,
+                        **({"annotations": governed[1]} if governed else {})})
         return out
 
 
@@ -873,6 +881,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json-response", action="store_true", help="HTTP: answer with JSON, not SSE")
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
+    parser.add_argument("--governance", action="store_true",
+                        help="add tools with annotations (github_get_repo, github_delete_repo, drop_table)")
     parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
     parser.add_argument("--modern-only", action="store_true", help="the same as --era 2026")
     parser.add_argument("--era", choices=["2025", "2026", "both"], default=None,
@@ -890,6 +900,7 @@ def main(argv: list[str] | None = None) -> None:
                   trace_file=args.trace_file)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     state.tools += [args.prefix + t for t in MODERN_TOOLS] if era != "2025" else []
+    state.tools += [args.prefix + t for t in GOVERNANCE_TOOLS] if args.governance else []
     if args.mode == "stdio":
         asyncio.run(run_stdio(state))
     else:

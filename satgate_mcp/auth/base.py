@@ -11,7 +11,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from satgate_mcp.patterns import allowed_by, most_specific
 
@@ -78,6 +78,11 @@ class Identity:
     tool_scopes: Mapping[str, str] | None = field(default=None, compare=False)
     #: OAuth only: the client the token was issued to (``azp`` or ``client_id``), for the record.
     client_id: str | None = None
+    #: OAuth only: who the token speaks for (the ``sub`` claim), for policy rules and the record.
+    subject: str | None = field(default=None, compare=False)
+    #: OAuth only: the verified access token's claims, as policy rules read them (``token.claims``). Not compared:
+    #: two identities equal in every other field are the same caller to sessions and caches.
+    claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def family_id(self) -> str:

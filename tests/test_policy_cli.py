@@ -1,0 +1,100 @@
+"""``satgate-mcp policy check`` and ``policy explain``: test a policy before deploying it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from satgate_mcp import cli
+from satgate_mcp.auth.macaroons import mint_token
+from satgate_mcp.exits import ExitCode
+from tests.policy.readme_policy import readme_policy
+
+KEY = "p" * 40
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name.startswith("SATGATE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SATGATE_STATE_DIR", "memory")
+    monkeypatch.setenv("SATGATE_AUTH_MODE", "header")
+    monkeypatch.setenv("SATGATE_ROOT_KEY", KEY)
+    return monkeypatch
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(readme_policy())
+    return path
+
+
+def test_check_passes_a_good_file(policy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["policy", "check", str(policy)]) == ExitCode.OK
+    assert "2 rules, ok" in capsys.readouterr().out
+
+
+def test_check_lists_every_problem_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rules": [{"name": "a", "effect": "perhaps"},
+                                         {"name": "b", "when": "args.x ==", "effect": "deny"}]}))
+    assert cli.main(["policy", "check", str(bad)]) == ExitCode.CONFIG
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert "rule 'a' at rules[0]" in lines[0]
+    assert "rule 'b' at rules[0].when" not in lines[1]
+    assert "rule 'b' at rules[1].when, line 1, column" in lines[1]
+
+
+def test_check_of_a_missing_file_exits_2(tmp_path: Path) -> None:
+    assert cli.main(["policy", "check", str(tmp_path / "nope.yaml")]) == ExitCode.CONFIG
+
+
+def test_explain_names_the_deciding_rule(env: pytest.MonkeyPatch, policy: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    token = mint_token(KEY, "agent-1", tools=["drop_table"])
+    code = cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "drop_table",
+                     "--annotations", '{"destructiveHint": true}', "--args", '{"table": "users"}'])
+    out = capsys.readouterr().out
+    assert code == ExitCode.FAILED
+    assert "1. github-repo-outside-org: skipped" in out
+    assert "2. destructive-needs-admin: true" in out
+    assert out.rstrip().endswith("decision: deny by destructive-needs-admin: destructive tools need the admin scope")
+
+
+def test_explain_shows_an_error_as_a_deny(env: pytest.MonkeyPatch, policy: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    token = mint_token(KEY, "agent-1")  # header mode: no org claim
+    code = cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "github_get_repo",
+                     "--args", '{"repo": "acme/x"}'])
+    assert code == ExitCode.FAILED
+    assert "policy_error" in capsys.readouterr().out
+
+
+def test_explain_allows_what_no_rule_denies(env: pytest.MonkeyPatch, policy: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    token = mint_token(KEY, "agent-1")
+    assert cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "echo"]) == ExitCode.OK
+    assert "decision: allow by the default" in capsys.readouterr().out
+
+
+def test_explain_verifies_the_token_as_the_daemon_would(env: pytest.MonkeyPatch, policy: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    forged = mint_token("f" * 40, "agent-1")  # another root key
+    assert cli.main(["policy", "explain", str(policy), "--token", forged, "--tool", "echo"]) == ExitCode.FAILED
+    assert "the token is refused (invalid)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [
+    pytest.param(["--args", "[1]"], id="args-not-an-object"),
+    pytest.param(["--args", "{"], id="args-not-json"),
+    pytest.param(["--annotations", "1"], id="annotations-not-an-object"),
+])
+def test_explain_refuses_bad_flags(env: pytest.MonkeyPatch, policy: Path, flags: list[str]) -> None:
+    token = mint_token(KEY, "agent-1")
+    assert cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "echo", *flags]) == ExitCode.CONFIG
