@@ -26,6 +26,9 @@ from satgate_mcp.upstream.catalog import Kind
 
 #: Plans kept per decider before it starts afresh (a bound, not a tuning knob: a plan is small).
 MAX_PLANS = 50_000
+#: Most values (every key's value, list item, nested) a call's arguments may hold for a rule that reads them: the
+#: conversion to CEL values costs about 2 µs each, so a 4 MiB body of small values would stall the process.
+MAX_ARGUMENT_VALUES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +61,28 @@ def tool_variables(name: str, upstream: str | None, definition: JsonObj | None) 
             "annotations": dict(annotations) if isinstance(annotations, dict) else {}}
 
 
+def within(value: object, budget: int) -> bool:
+    """Whether ``value`` holds at most ``budget`` values in all (a walk that stops as soon as it knows)."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
 def _args(asked: Asked, clock: Callable[[], datetime]) -> object:
     arguments = asked.params.get("arguments")
-    return dict(arguments) if isinstance(arguments, dict) else {}
+    if not isinstance(arguments, dict):
+        return {}
+    if not within(arguments, MAX_ARGUMENT_VALUES):  # converting them to CEL values would hold up every other call
+        raise ValueError(f"the arguments hold more than {MAX_ARGUMENT_VALUES} values, more than a rule reads")
+    return arguments
 
 
 def _session(asked: Asked, clock: Callable[[], datetime]) -> object:
