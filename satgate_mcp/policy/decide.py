@@ -24,8 +24,11 @@ from satgate_mcp.policy.conditions import ConditionError
 from satgate_mcp.policy.rules import Effect, Rule, RuleSet
 from satgate_mcp.upstream.catalog import Kind
 
-#: Plans kept per decider before it starts afresh (a bound, not a tuning knob: a plan is small).
-MAX_PLANS = 50_000
+#: Plans kept per decider before it starts afresh (a bound on memory, not a tuning knob: a plan holds its token's
+#: and tool's variables as CEL values, a kilobyte or two).
+MAX_PLANS = 20_000
+#: Identity objects the fast path remembers (OAuth makes one per request: this bound is what keeps them few).
+MAX_IDENTITIES = 10_000
 #: Most values (every key's value, list item, nested) a call's arguments may hold for a rule that reads them: the
 #: conversion to CEL values costs about 2 µs each, so a 4 MiB body of small values would stall the process.
 MAX_ARGUMENT_VALUES = 10_000
@@ -178,7 +181,7 @@ class Decider:
              definition: JsonObj | None) -> Plan:
         mine = self._by_object.get(id(identity))
         if mine is None or mine[0] is not identity:
-            if len(self._by_object) >= MAX_PLANS:
+            if len(self._by_object) >= MAX_IDENTITIES:
                 self._by_object.clear()
             mine = self._by_object[id(identity)] = (identity, {})
         found = mine[1].get((method, name, upstream))
