@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from bench.compare import main_compare
 from bench.plain import main_plain
+from bench.policy import main_policy
 from bench.tracing import main_tracing
 
 DESCRIPTION = "Load benchmark: a real gateway process, the real stdio test upstream, N concurrent clients."
@@ -42,6 +43,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="two gateways in turn, SATGATE_TRACING off and otlp (always_on sampler, a receiver this process serves): "
              "gateway CPU ms per call for each and the difference; uses --sessions, --workers, --duration, --rounds, "
              "--auth, --json")
+    parser.add_argument_group("policy rules (--policy)").add_argument(
+        "--policy", action="store_true",
+        help="two targets in turn, gateway-header and gateway-policy (the same with a 50-rule SATGATE_POLICY_FILE, "
+             "bench/policy.py): gateway CPU ms per call for each and the difference; uses --sessions, --workers, "
+             "--duration, --rounds, --json")
     return parser
 
 
@@ -103,4 +109,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     if args.tracing:
         return main_tracing(args)
+    if args.policy:
+        return main_policy(args)
     return main_compare(args) if args.compare else main_plain(args)

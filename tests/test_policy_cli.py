@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,18 @@ def test_explain_verifies_the_token_as_the_daemon_would(env: pytest.MonkeyPatch,
 def test_explain_refuses_bad_flags(env: pytest.MonkeyPatch, policy: Path, flags: list[str]) -> None:
     token = mint_token(KEY, "agent-1")
     assert cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "echo", *flags]) == ExitCode.CONFIG
+
+
+@pytest.mark.process
+def test_serve_stops_at_start_on_a_bad_policy_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("rules:\n  - name: ok\n    effect: allow\n"
+                   "  - name: broken\n    when: 'token.id =='\n    effect: deny\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SATGATE_")}
+    env.update(SATGATE_STATE_DIR="memory", SATGATE_POLICY_FILE=str(bad), SATGATE_PORT="0")
+    done = subprocess.run([sys.executable, "-m", "satgate_mcp", "serve"], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
+    assert done.returncode == ExitCode.CONFIG
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("satgate-mcp:")]
+    assert line.startswith(f"satgate-mcp: invalid SATGATE_POLICY_FILE: policy file {bad}, rule 'broken' at "
+                           "rules[1].when, line 1, column")

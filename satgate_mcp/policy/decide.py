@@ -24,8 +24,14 @@ from satgate_mcp.policy.conditions import ConditionError
 from satgate_mcp.policy.rules import Effect, Rule, RuleSet
 from satgate_mcp.upstream.catalog import Kind
 
-#: Plans kept per decider before it starts afresh (a bound, not a tuning knob: a plan is small).
-MAX_PLANS = 50_000
+#: Plans kept per decider before it starts afresh (a bound on memory, not a tuning knob: a plan holds its token's
+#: and tool's variables as CEL values, a kilobyte or two).
+MAX_PLANS = 20_000
+#: Identity objects the fast path remembers (OAuth makes one per request: this bound is what keeps them few).
+MAX_IDENTITIES = 10_000
+#: Most values (every key's value, list item, nested) a call's arguments may hold for a rule that reads them: the
+#: conversion to CEL values costs about 2 µs each, so a 4 MiB body of small values would stall the process.
+MAX_ARGUMENT_VALUES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +64,52 @@ def tool_variables(name: str, upstream: str | None, definition: JsonObj | None) 
             "annotations": dict(annotations) if isinstance(annotations, dict) else {}}
 
 
-def call_variables(asked: Asked, now: datetime) -> JsonObj:
-    """What only this call says: its arguments, its session, its HTTP request, the time."""
+def within(value: object, budget: int) -> bool:
+    """Whether ``value`` holds at most ``budget`` values in all (a walk that stops as soon as it knows)."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _args(asked: Asked, clock: Callable[[], datetime]) -> object:
     arguments = asked.params.get("arguments")
+    if not isinstance(arguments, dict):
+        return {}
+    if not within(arguments, MAX_ARGUMENT_VALUES):  # converting them to CEL values would hold up every other call
+        raise ValueError(f"the arguments hold more than {MAX_ARGUMENT_VALUES} values, more than a rule reads")
+    return arguments
+
+
+def _session(asked: Asked, clock: Callable[[], datetime]) -> object:
     client = asked.client
-    return {
-        "args": dict(arguments) if isinstance(arguments, dict) else {},
-        "session": {"id": asked.session_id, "protocol": _text(client.protocol if client else None),
-                    "client": {"name": _text(client.name if client else None),
-                               "version": _text(client.version if client else None)}},
-        "request": {"method": asked.method, "remote_addr": _text(asked.remote_addr)},
-        "now": now,
-    }
+    return {"id": asked.session_id, "protocol": _text(client.protocol if client else None),
+            "client": {"name": _text(client.name if client else None),
+                       "version": _text(client.version if client else None)}}
+
+
+def _request(asked: Asked, clock: Callable[[], datetime]) -> object:
+    return {"method": asked.method, "remote_addr": _text(asked.remote_addr)}
+
+
+def _now(asked: Asked, clock: Callable[[], datetime]) -> object:
+    return clock()
+
+
+#: What only this call says, each built only when a condition reads it: arguments, session, request, time.
+CALL_VARIABLES: dict[str, Callable[[Asked, Callable[[], datetime]], object]] = {
+    "args": _args, "session": _session, "request": _request, "now": _now}
+
+
+def _annotations(definition: JsonObj | None) -> object:
+    return definition.get("annotations") if definition is not None else None
 
 
 #: A plan's step: a decision made already, or a rule whose condition needs this call's variables.
@@ -83,12 +123,15 @@ class Plan:
     context: Any
     #: The per-call variables the remaining conditions read.
     per_call: frozenset[str]
-    #: What the plan was made from, checked on every use (the pool re-lists, OAuth claims are not compared).
-    definition: JsonObj | None
+    #: What the plan was made from, checked on every use (the pool re-lists, OAuth claims are not compared): the
+    #: definition's annotations (all a plan reads of it) and the token's claims.
+    annotations: object
     claims: Mapping[str, Any]
 
     def fits(self, definition: JsonObj | None, claims: Mapping[str, Any]) -> bool:
-        return self.definition is definition and (self.claims is claims or self.claims == claims)
+        annotations = definition.get("annotations") if definition is not None else None
+        return ((self.annotations is annotations or self.annotations == annotations)
+                and (self.claims is claims or self.claims == claims))
 
     @property
     def static(self) -> Decision | None:
@@ -128,19 +171,30 @@ class Decider:
         self.rules = rules
         self._clock = clock
         self._plans: dict[PlanKey, Plan] = {}
+        #: The same plans by the identity *object* (kept alive here, so its id is not reused): one dictionary
+        #: look-up per call, where hashing an ``Identity`` (all its fields) would cost more than the rest.
+        self._by_object: dict[int, tuple[Identity, dict[tuple[str, str, str | None], Plan]]] = {}
         self.default = Decision(rules.default, None, "no policy rule allows this call"
                                 if rules.default is Effect.DENY else "")
 
     def plan(self, identity: Identity, method: str, name: str, upstream: str | None,
              definition: JsonObj | None) -> Plan:
-        key = PlanKey(identity, method, name, upstream)
-        found = self._plans.get(key)
+        mine = self._by_object.get(id(identity))
+        if mine is None or mine[0] is not identity:
+            if len(self._by_object) >= MAX_IDENTITIES:
+                self._by_object.clear()
+            mine = self._by_object[id(identity)] = (identity, {})
+        found = mine[1].get((method, name, upstream))
         if found is not None and found.fits(definition, identity.claims):
             return found
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
-        made = self._plans[key] = self._make_plan(identity, method, name, upstream, definition)
-        return made
+        key = PlanKey(identity, method, name, upstream)
+        found = self._plans.get(key)
+        if found is None or not found.fits(definition, identity.claims):
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            found = self._plans[key] = self._make_plan(identity, method, name, upstream, definition)
+        mine[1][(method, name, upstream)] = found
+        return found
 
     def _make_plan(self, identity: Identity, method: str, name: str, upstream: str | None,
                    definition: JsonObj | None) -> Plan:
@@ -155,7 +209,7 @@ class Decider:
             except Exception as exc:  # a claim the CEL library cannot represent: deny, never allow
                 failed = Decision(Effect.DENY, None, "the policy could not read this token",
                                   f"{type(exc).__name__}: {str(exc)[:200]}")
-                return Plan((failed,), None, frozenset(), definition, identity.claims)
+                return Plan((failed,), None, frozenset(), _annotations(definition), identity.claims)
         for rule in applicable:
             if not rule.per_token_and_tool:
                 assert rule.when is not None
@@ -168,7 +222,7 @@ class Decider:
                 break
         else:
             steps.append(self.default)
-        return Plan(tuple(steps), context, frozenset(per_call), definition, identity.claims)
+        return Plan(tuple(steps), context, frozenset(per_call), _annotations(definition), identity.claims)
 
     def decide(self, asked: Asked) -> Decision:
         """The decision on one call: its plan's decided steps as they are, the others evaluated now."""
@@ -178,9 +232,8 @@ class Decider:
             if isinstance(step, Decision):
                 return step
             if not prepared:
-                variables = call_variables(asked, self._clock())
                 try:
-                    conditions.add(plan.context, {k: variables[k] for k in plan.per_call})
+                    conditions.add(plan.context, {k: CALL_VARIABLES[k](asked, self._clock) for k in plan.per_call})
                 except Exception as exc:  # arguments the CEL library cannot represent
                     return Decision(Effect.DENY, step.name, step.reason, f"{type(exc).__name__}: {str(exc)[:200]}")
                 prepared = True

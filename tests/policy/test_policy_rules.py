@@ -256,3 +256,14 @@ def test_a_changed_definition_is_judged_afresh() -> None:
     harmless = {"name": "drop_table", "inputSchema": {}, "annotations": {"destructiveHint": False}}
     assert not decider.decide(asked(ACME, harmless)).denied
     assert decider.decide(asked(ACME, DROP)).denied
+
+
+def test_arguments_too_large_to_judge_are_refused_not_converted() -> None:
+    """A body of 100 000 small values would take a quarter of a second to convert, for every such call."""
+    ruleset = rules({"rules": [{"name": "r", "tools": ["echo"], "when": 'args.text == "no"', "effect": "deny"}]})
+    flood = {f"k{i}": i for i in range(100_000)}
+    decision = decide(ruleset, asked(ACME, ECHO, flood))
+    assert decision.denied
+    assert decision.error is not None
+    assert "more than 10000 values" in decision.error
+    assert not decide(ruleset, asked(ACME, ECHO, {"text": "yes", "list": list(range(100))})).denied
