@@ -315,7 +315,7 @@ class Dispatcher:
         if upstream is None:
             raise self._pool.unknown_tool(name)
         if self._guards:
-            definition = next((t for t in self._pool.tools() if t.get("name") == name), None)
+            definition = self._pool.tool(name)
             return await self._guards.run(call.asked("tool", name, upstream, definition),
                                           partial(self._run_tool, call, name, upstream))
         return await self._run_tool(call, name, upstream)

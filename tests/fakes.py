@@ -90,6 +90,9 @@ class FakePool(QuietLifecycle):
     def tools(self) -> list[JsonObj]:
         return [{"name": n, "inputSchema": {"type": "object"}} for n in self.tool_names]
 
+    def tool(self, name: str) -> JsonObj | None:
+        return next((t for t in self.tools() if t.get("name") == name), None)
+
     def owner_of_tool(self, name: str) -> str | None:
         return "fake" if name in self.tool_names else None
 

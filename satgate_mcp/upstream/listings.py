@@ -30,6 +30,7 @@ class UpstreamListings:
         self._order = order
         self._prefixes = prefixes
         self._catalog = Catalog(order, prefixes)
+        self._tool_index: tuple[int, dict[str, JsonObj] | None] = (0, None)
         self._locks = {name: asyncio.Lock() for name in order}
         self._stale: dict[str, set[Kind]] = {name: set() for name in order}
         #: Set once the pool has started: from then on a changed list is announced and a clash is logged.
@@ -38,6 +39,15 @@ class UpstreamListings:
 
     def tools(self) -> list[JsonObj]:
         return [dict(tool) for tool in self._catalog.tools]
+
+    def tool(self, name: str) -> JsonObj | None:
+        """One listed tool's definition, not a copy (read it, never change it): what a guard judges a call by,
+        found per call in a dict made once per version of the list."""
+        version, index = self._tool_index
+        if version != self._catalog.version or index is None:
+            index = {str(t.get("name")): t for t in self._catalog.tools}
+            self._tool_index = (self._catalog.version, index)
+        return index.get(name)
 
     @property
     def tools_version(self) -> int:
