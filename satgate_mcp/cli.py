@@ -22,7 +22,7 @@ import structlog
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from satgate_mcp import __version__
+from satgate_mcp import __version__, cli_tools
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = token_commands.add_parser("revoke", help="revoke every token with this id (and its delegates)")
     revoke.add_argument("token_id", metavar="ID")
     revoke.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+    cli_tools.add_parser(commands)
     return parser
 
 
@@ -340,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "tools":
+        return cli_tools.main(args)
     if args.token_command == "narrow":  # the holder's command: reads no settings at all
         return cmd_narrow(args)
     if problem := _missing_config(args.config):

@@ -30,6 +30,8 @@ RATE_LIMITED: Final = "rate_limited"
 NOT_ALLOWED: Final = "not_allowed"
 DELEGATION: Final = "delegation"
 UPSTREAM_RESTART: Final = "upstream_restart"
+#: An upstream tool's definition differs from its pin (SATGATE_TOOL_PINNING): once per change, whichever process saw it.
+TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
 
 
 class Publisher(Protocol):

@@ -68,6 +68,9 @@ class Metrics:
         self.trace_export_failures = Counter("satgate_trace_export_failures",
                                              "Batches of spans the trace exporter could not deliver (SATGATE_TRACING)",
                                              registry=r)
+        self.tool_definition_changes = Counter("satgate_tool_definition_changes",
+                                               "Upstream tool definitions seen to differ from their pins "
+                                               "(SATGATE_TOOL_PINNING), once per change", ["upstream"], registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)

@@ -6,8 +6,13 @@ daemon, its clients and its stores. Every field here is a ``SATGATE_*`` variable
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings
 
 
 class GovernanceSettings(BaseSettings):
     """What the guards (guards.py) and the audit trail are configured by."""
+
+    #: Pinned tool definitions (policy/pins.py): ``off``, ``warn`` (pin and report changes) or ``enforce`` (hold them).
+    tool_pinning: Literal["off", "warn", "enforce"] = "warn"
