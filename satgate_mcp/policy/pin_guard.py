@@ -174,7 +174,7 @@ class PinGuard:
         self._publisher.publish(events.TOOL_DEFINITION_CHANGED, upstream=after.upstream, tool=after.tool,
                                 old_fingerprint=after.approved, new_fingerprint=after.pending,
                                 changed=pins.changed_fields(after.approved_definition, after.pending_definition),
-                                mode=self.mode)
+                                status=after.status, mode=self.mode)
 
     def _recompute(self) -> None:
         """Which learned tools are held back now; a change of that set is announced (sessions re-list)."""

@@ -149,9 +149,9 @@ def observe(pin: Pin | None, upstream: str, tool: str, seen: Seen, now: float, *
 
 
 def is_change(before: Pin | None, after: Pin | None) -> bool:
-    """Whether a write made a new change of an approved definition (one event per change, whoever wrote it)."""
-    return (after is not None and after.approved is not None and after.pending is not None
-            and (before is None or before.pending != after.pending))
+    """Whether a write recorded a new pending definition: a change, or a tool held since it appeared (one event
+    per change, whoever wrote it)."""
+    return after is not None and after.pending is not None and (before is None or before.pending != after.pending)
 
 
 def approve(pin: Pin | None, now: float) -> Pin | None:

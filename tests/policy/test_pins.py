@@ -129,7 +129,8 @@ def test_observe(pin: Pin | None, seen: Seen, hold_new: bool, status: str, pendi
     pytest.param(TRUSTED, CHANGED, True, id="a-change"),
     pytest.param(CHANGED, CHANGED, False, id="the-same-change-seen-again"),
     pytest.param(CHANGED, pins.observe(CHANGED, "up", "echo", C, NOW, hold_new=False), True, id="a-further-change"),
-    pytest.param(None, HELD_NEW, False, id="a-new-tool-is-no-change"),
+    pytest.param(None, HELD_NEW, True, id="a-held-new-tool-is-reported"),
+    pytest.param(HELD_NEW, HELD_NEW, False, id="a-held-new-tool-seen-again"),
     pytest.param(CHANGED, TRUSTED, False, id="a-revert"),
 ])
 def test_one_event_per_change(before: Pin | None, after: Pin | None, change: bool) -> None:
