@@ -77,8 +77,6 @@ class PinGuard:
         self._announce: Callable[[], None] = _nothing
         self._poller: asyncio.Task[None] | None = None
         self._failing = False
-        #: Set whenever the held tools were worked out again (tests await it instead of sleeping).
-        self.settled = asyncio.Event()
 
     def attach(self, owner: Callable[[str], str | None], announce: Callable[[], None]) -> None:
         """The pool's links: who owns a listed tool name, and how a change of what may be shown is announced."""
@@ -110,14 +108,15 @@ class PinGuard:
         pin = self._pins.get((upstream, tool))
         command = f"{pins.APPROVE_COMMAND} {upstream}/{tool}"
         if pin is None:
+            status = "unverified"
             message = (f"Tool {listed!r} could not be checked against its pin (the state store did not answer); "
                        f"it is held until it can be, or until an operator approves it: {command}")
-        else:
-            message = pins.refusal_message(upstream, tool, pin.status)
+        else:  # held: new, or serving something other than what was approved
+            held_as: pins.Status = "new" if pin.approved is None else "changed"
+            status, message = held_as, pins.refusal_message(upstream, tool, held_as)
         self._metrics.refusals.labels(reason="tool_definition_changed").inc()
         return GatewayError(message, {"error": "tool_definition_changed", "tool": listed, "upstream": upstream,
-                                      "status": pin.status if pin is not None else "unverified",
-                                      "approve": command}, code=jsonrpc.TOOL_NOT_ALLOWED)
+                                      "status": status, "approve": command}, code=jsonrpc.TOOL_NOT_ALLOWED)
 
     # -- learning definitions (the pool's hook) -------------------------------------------------------
 
@@ -183,7 +182,6 @@ class PinGuard:
         held = frozenset((upstream, self._prefixes.get(upstream, "") + tool)
                          for upstream, tools in self._learned.items() for tool, seen in tools.items()
                          if pins.held(self.mode, self._pins.get((upstream, tool)), seen.fingerprint))
-        self.settled.set()
         if held != self._held:
             self._held, self._held_names = held, frozenset(name for _, name in held)
             self._announce()

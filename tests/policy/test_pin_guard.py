@@ -232,3 +232,32 @@ async def test_two_gateways_on_one_state_folder_agree(folder_stores: tuple[PinSt
     assert await first.refresh()
     assert await second.refresh()
     assert first.held_tools() == second.held_tools() == frozenset()
+
+
+async def test_a_tool_removed_and_brought_back_changed_is_still_caught() -> None:
+    guard = make_guard(MemoryPinStore(), "enforce")
+    await guard.learn("a", TOOLS)
+    await guard.learn("a", [tool("add")])  # echo gone for a while: its pin stays
+    await guard.learn("a", RUG_PULLED)
+    assert guard.held_tools() == frozenset({("a", "a_echo")})
+
+
+async def test_a_second_definition_under_one_name_is_not_what_gets_pinned() -> None:
+    """The merged list keeps an upstream's first definition of a name; the pin is of that one too."""
+    store = MemoryPinStore()
+    guard = make_guard(store, "enforce")
+    await guard.learn("a", [tool("echo"), tool("echo", "a different echo")])
+    [pin] = await store.pins()
+    assert pin.approved == pins.fingerprint(tool("echo"))
+
+
+async def test_only_the_upstream_whose_tool_changed_is_held_under_a_clashing_name() -> None:
+    """Another upstream's tool of the same listed name (the catalog kept the other owner) is not hidden."""
+    guard = PinGuard(MemoryPinStore(), mode="enforce", prefixes={}, publisher=RecordingPublisher(),
+                     metrics=Metrics(), timeout=0.5)
+    guard.attach(lambda name: "a", Announced())  # "a" owns "echo" in the merged list
+    await guard.learn("a", TOOLS)
+    await guard.learn("b", TOOLS)
+    await guard.learn("b", RUG_PULLED)
+    assert guard.held_tools() == frozenset({("b", "echo")})
+    assert not guard.hides(WHO, "tools", tool("echo"), None)
