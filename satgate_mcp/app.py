@@ -40,12 +40,13 @@ from satgate_mcp.keys import (
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.decide import Decider
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.policy.pin_guard import PinGuard
 from satgate_mcp.policy.policy_file import PolicyFile, load_at_start
 from satgate_mcp.policy.rule_guard import PolicyGuard
 from satgate_mcp.policy.rules import Effect
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
-from satgate_mcp.stores import open_stores
+from satgate_mcp.stores import Stores, open_stores
 from satgate_mcp.transport import health, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
@@ -72,9 +73,10 @@ def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublishe
     return FanoutPublisher([LogPublisher(), sink]), sink
 
 
-def _guards(app: web.Application, publisher: Publisher, metrics: Metrics) -> list[Guard]:
-    """The configured guards (guards.py), outermost first."""
-    guards: list[Guard] = []
+def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: PinGuard | None) -> list[Guard]:
+    """The configured guards (guards.py), outermost first: pinned definitions (``enforce``; ``warn`` is no guard,
+    calls pay nothing for it), then policy rules."""
+    guards: list[Guard] = [pins] if pins is not None and pins.enforcing else []
     settings = app[SETTINGS]
     if settings.policy_file is not None:  # a bad file stops the start here, in one line
         default = Effect(settings.policy_default)
@@ -94,6 +96,27 @@ async def _policy_watch(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _pinned_upstreams(app: web.Application, stores: Stores, publisher: Publisher, metrics: Metrics
+                      ) -> PinGuard | None:
+    """The upstreams' cleanup context, after that of their pinned tool definitions (``SATGATE_TOOL_PINNING``, on the
+    pool that lists the upstreams), so the pins are read before the upstreams are listed; off: no pinning at all.
+
+    ``warn`` pins as the pool learns definitions and judges no call (it is no guard: calls pay nothing for it).
+    """
+    settings, pool = app[SETTINGS], app[POOL]
+    if settings.tool_pinning == "off" or not isinstance(pool, UpstreamPool):
+        app.cleanup_ctx.append(_upstreams)
+        return None
+    pins = PinGuard(stores.pins, mode=settings.tool_pinning, publisher=publisher, metrics=metrics,
+                    prefixes={name: spec.tool_prefix for name, spec in settings.upstreams.items()},
+                    timeout=settings.redis_timeout)
+    pins.attach(pool.owner_of_tool, pool.announce_tools)
+    pool.learn_tools(pins.learn)
+    app.cleanup_ctx.append(_started(pins.start, pins.aclose))
+    app.cleanup_ctx.append(_upstreams)
+    return pins
 
 
 def create_app(
@@ -133,7 +156,7 @@ def create_app(
     app[POOL] = pool or UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
                                      idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval,
                                      clock=clock)
-    app.cleanup_ctx.append(_upstreams)
+    pins = _pinned_upstreams(app, stores, publisher, metrics)
     registry = app[REGISTRY] = SessionRegistry(
         cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
         per_token=per_token_quota(authenticator.mode, settings.sessions_per_token), publisher=publisher,
@@ -141,7 +164,7 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
-                            guards=Guards(_guards(app, publisher, metrics)))
+                            guards=Guards(_guards(app, publisher, metrics, pins)))
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)
@@ -247,6 +270,15 @@ def _tracing(traces: tracing.Plan, metrics: Metrics) -> CleanupCtx:
         provider = tracing.start(traces, metrics.trace_export_failures)
         yield
         await asyncio.to_thread(tracing.stop, provider)  # the last export may wait on the collector
+
+    return ctx
+
+
+def _started(start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]) -> CleanupCtx:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        await start()
+        yield
+        await close()
 
     return ctx
 

@@ -22,7 +22,7 @@ import structlog
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from satgate_mcp import __version__, policy_cli
+from satgate_mcp import __version__, cli_tools, policy_cli
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token_id", metavar="ID")
     revoke.add_argument("--config", type=Path, metavar="PATH", help=config_help)
     policy_cli.add_parser(commands)
+    cli_tools.add_parser(commands)
     return parser
 
 
@@ -343,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_serve(args)
     if args.command == "policy":
         return policy_cli.run(args)
+    if args.command == "tools":
+        return cli_tools.main(args)
     if args.token_command == "narrow":  # the holder's command: reads no settings at all
         return cmd_narrow(args)
     if problem := _missing_config(args.config):

@@ -36,6 +36,8 @@ POLICY_DENIED: Final = "policy_denied"
 POLICY_LOADED: Final = "policy_loaded"
 #: SATGATE_POLICY_FILE changed but does not parse or compile: the last good policy stays in force.
 POLICY_REJECTED: Final = "policy_rejected"
+#: An upstream tool's definition differs from its pin (SATGATE_TOOL_PINNING): once per change, whichever process saw it.
+TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
 
 
 class Publisher(Protocol):

@@ -73,6 +73,9 @@ class Metrics:
                                         ["rule", "effect"], registry=r)
         self.policy_reloads = Counter("satgate_policy_reloads", "Changes of SATGATE_POLICY_FILE, by outcome "
                                       "(loaded, rejected)", ["outcome"], registry=r)
+        self.tool_definition_changes = Counter("satgate_tool_definition_changes",
+                                               "Upstream tool definitions seen to differ from their pins "
+                                               "(SATGATE_TOOL_PINNING), once per change", ["upstream"], registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)

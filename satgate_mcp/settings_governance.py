@@ -19,3 +19,5 @@ class GovernanceSettings(BaseSettings):
     policy_file: Path | None = None
     #: What a call no rule matches gets.
     policy_default: Literal["allow", "deny"] = "allow"
+    #: Pinned tool definitions (policy/pins.py): ``off``, ``warn`` (pin and report changes) or ``enforce`` (hold them).
+    tool_pinning: Literal["off", "warn", "enforce"] = "warn"

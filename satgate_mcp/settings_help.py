@@ -224,6 +224,15 @@ MEANINGS: dict[str, str] = {
     "policy_default": (
         "`allow` or `deny`: what a call that no policy rule matches gets (only with `SATGATE_POLICY_FILE`)."
     ),
+    "tool_pinning": (
+        "Pinned tool definitions (rug-pull protection): each upstream tool's definition is fingerprinted (SHA-256 "
+        "of its RFC 8785 canonical JSON) and pinned in the state store on first sight. `warn` serves a changed "
+        "definition and reports it once (event `tool_definition_changed`, "
+        "`satgate_tool_definition_changes_total`); `enforce` also hides it from `tools/list` and refuses its "
+        "calls (-32001, `data.error: \"tool_definition_changed\"`), and holds tools that appear after their "
+        "upstream was first pinned, until `satgate-mcp tools approve`; `off` pins nothing. See "
+        "[governance.md](governance.md#pinned-tool-definitions)."
+    ),
 }
 
 #: Where "unset" means more than nothing: the default column says what happens instead.

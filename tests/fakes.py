@@ -211,6 +211,14 @@ class AwaitablePublisher(RecordingPublisher):
                 await self._published.wait()
         return self.named(event)[0]
 
+    async def at_least(self, event: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Every ``event`` published, once there are ``count`` of them."""
+        async with asyncio.timeout(timeout):
+            while len(self.named(event)) < count:
+                self._published.clear()
+                await self._published.wait()
+        return self.named(event)
+
 
 def stub_daemon(monkeypatch: pytest.MonkeyPatch, serve: Callable[[Settings], ExitCode],
                 configure_logging: Callable[[Settings], object] = lambda s: None) -> None:

@@ -15,7 +15,7 @@ The decisions the stores carry out (budget arithmetic, duplicate transitions) ar
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ from satgate_mcp.policy.admissions import Admissions
 from satgate_mcp.policy.budget import BudgetStore
 from satgate_mcp.policy.duplicates import DuplicateStore
 from satgate_mcp.policy.limits import RateLimiter
+from satgate_mcp.policy.pins import PinStore
 from satgate_mcp.sessions import TombstoneStore
 from satgate_mcp.stores.errors import STORE_ERRORS
 from satgate_mcp.stores.files import FileRevocationStore
@@ -32,13 +33,16 @@ from satgate_mcp.stores.folder import MEMORY, StateSettings, resolve_state_dir, 
 from satgate_mcp.stores.memory import (
     MemoryBudgetStore,
     MemoryDuplicateStore,
+    MemoryPinStore,
     MemoryRevocationStore,
 )
 from satgate_mcp.stores.redis.admissions import RedisAdmissions
+from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
-from satgate_mcp.stores.sqlite import DB_NAME, LocalState, open_revocations_database
+from satgate_mcp.stores.sqlite import DB_NAME, LocalState, open_pins_database, open_revocations_database
+from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 
 Closer = Callable[[], Awaitable[None]]
 
@@ -83,6 +87,8 @@ class Stores:
     #: The bound of one call's store waits (``SATGATE_REDIS_TIMEOUT``); None: the stores never wait.
     timeout: float | None
     closers: tuple[Closer, ...] = ()
+    #: Pinned tool definitions (``SATGATE_TOOL_PINNING``): in the state database or on Redis, like the rest.
+    pins: PinStore = field(default_factory=MemoryPinStore)
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -129,7 +135,8 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
     revocations = state.revocations if configured is None else UnionRevocationStore([configured, state.revocations])
     # The database closes last: after the revocations (and the policy and authenticator, closed before).
     return Stores("sqlite", None, state.budgets, state.duplicates, state.admissions, revocations,
-                  files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose))
+                  files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose),
+                  pins=SqlitePinStore(state.db))
 
 
 def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
@@ -141,7 +148,8 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
     admissions = RedisAdmissions(policy.client)
     return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, admissions, revocations, files,
                   None, tombstones, probe, timeout,
-                  (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose))
+                  (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
+                  pins=RedisPinStore(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:
@@ -212,6 +220,22 @@ def no_cli_revocations_reason(settings: StateSettings) -> str | None:
             "nor SATGATE_REDIS_URL is set")
 
 
+def cli_pins(settings: StateSettings) -> PinStore | str:
+    """Where ``tools pins`` and ``tools approve`` read and write: Redis, else the state folder's database a daemon
+    made (never a new one: run from the wrong folder it would approve where no daemon reads); else why not."""
+    if settings.redis_url:
+        return RedisPinStore.from_url(settings.redis_url, timeout=settings.redis_timeout)
+    folder = state_folder(settings)
+    if folder is None:
+        return ("no pin store: SATGATE_STATE_DIR=memory keeps pins in each daemon's memory, and SATGATE_REDIS_URL "
+                "is unset")
+    store = open_pins_database(folder)
+    if store is None:
+        return (f"no pin store: no state database at {(folder / DB_NAME).absolute()} (run this where the daemon "
+                "runs, or set SATGATE_STATE_DIR to its state folder, or SATGATE_REDIS_URL to its Redis)")
+    return store
+
+
 __all__ = [
     "MEMORY",
     "STORE_ERRORS",
@@ -219,6 +243,7 @@ __all__ = [
     "StateSettings",
     "StoreProbe",
     "Stores",
+    "cli_pins",
     "cli_revocations",
     "configured_revocations",
     "local_stores",

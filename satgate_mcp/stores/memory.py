@@ -17,6 +17,7 @@ from satgate_mcp.auth.revocation import check_token_id
 from satgate_mcp.policy.budget import Charge, decide
 from satgate_mcp.policy.duplicates import DUPLICATE_TTL_SECONDS, Record, State, Table
 from satgate_mcp.policy.limits import Bucket, BucketState, RateSpec, refill, wait_for_token
+from satgate_mcp.policy.pins import Change, Pin
 
 
 @dataclass(slots=True)
@@ -207,6 +208,42 @@ class MemoryRevocationStore:
 
     def start(self) -> None:
         return None  # nothing to follow
+
+    async def aclose(self) -> None:
+        return None
+
+
+class MemoryPinStore:
+    """Pins in this process (``SATGATE_STATE_DIR=memory``, tests): a restart pins afresh. Never awaits, so atomic."""
+
+    def __init__(self) -> None:
+        self._pins: dict[tuple[str, str], Pin] = {}
+        self._pinned_upstreams: set[str] = set()
+        self._version = 0
+
+    async def pins(self) -> list[Pin]:
+        return list(self._pins.values())
+
+    async def version(self) -> int:
+        return self._version
+
+    async def first_pinning(self, upstream: str, pins: Sequence[Pin]) -> bool:
+        if upstream in self._pinned_upstreams:
+            return False
+        self._pinned_upstreams.add(upstream)
+        for pin in pins:
+            self._pins.setdefault((pin.upstream, pin.tool), pin)
+        self._version += 1
+        return True
+
+    async def update(self, upstream: str, tool: str, change: Change) -> tuple[Pin | None, Pin | None]:
+        before = self._pins.get((upstream, tool))
+        after = change(before)
+        if after is None:
+            return before, before
+        self._pins[(upstream, tool)] = after
+        self._version += 1
+        return before, after
 
     async def aclose(self) -> None:
         return None

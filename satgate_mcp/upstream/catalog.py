@@ -193,6 +193,10 @@ class Catalog:
     def tools(self) -> list[JsonObj]:
         return self._named["tools"].items
 
+    def touch(self, kind: Kind) -> None:
+        """What callers may be shown of ``kind`` changed though no list did (an approval): a new version."""
+        self._versions[kind] += 1
+
     @property
     def version(self) -> int:
         """Goes up whenever the union of tools changes, so sessions can tell they saw an older list."""

@@ -8,6 +8,7 @@ each merged list that changed announced to the pool's listener once the pool has
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -20,6 +21,9 @@ from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, Catalog
 log = structlog.get_logger("satgate_mcp.upstream")
 
 MAX_PAGES = 1000
+
+#: Awaited with an upstream's freshly listed tools (under its own names) before the merged list takes them.
+ToolsHook = Callable[[str, list[JsonObj]], Awaitable[None]]
 
 
 class UpstreamListings:
@@ -36,6 +40,17 @@ class UpstreamListings:
         #: Set once the pool has started: from then on a changed list is announced and a clash is logged.
         self._started = False
         self._listener: Notice | None = None
+        self._tools_hook: ToolsHook | None = None
+
+    def learn_tools(self, hook: ToolsHook) -> None:
+        """The one hook that sees each upstream's tools as listed, before anyone is shown them (tool pinning)."""
+        self._tools_hook = hook
+
+    def announce_tools(self) -> None:
+        """What callers may be shown changed while no upstream's list did (an approval): sessions re-list."""
+        self._catalog.touch("tools")
+        if self._started and self._listener is not None:
+            self._listener(ANNOUNCED["tools"], None)
 
     def tools(self) -> list[JsonObj]:
         return [dict(tool) for tool in self._catalog.tools]
@@ -110,6 +125,8 @@ class UpstreamListings:
                 if kind in stale and (kind == "tools" or self._offers(name, listing.capability)):
                     items = await self._fetch_all(name, listing.method, listing.key)
                     if items is not None:
+                        if kind == "tools" and self._tools_hook is not None:
+                            await self._tools_hook(name, items)
                         self._catalog.update(name, kind, items)
         self._log_clashes(self._rebuild())
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.stores.sqlite.database import DB_NAME, REFRESH_WAIT_SECONDS, Database
+from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.stores import (
     SqliteAdmissions,
     SqliteBudgetStore,
@@ -71,4 +72,16 @@ def open_revocations_database(folder: Path) -> SqliteRevocationStore | None:
     return SqliteRevocationStore(db, owns_db=True)
 
 
-__all__ = ["DB_NAME", "LocalState", "StateError", "open_revocations_database"]
+def open_pins_database(folder: Path) -> SqlitePinStore | None:
+    """The pins of a database a daemon already made in ``folder`` (None: there is none); ``tools approve`` must
+    not create one."""
+    if not (folder / DB_NAME).is_file():
+        return None
+    try:
+        db = Database(folder / DB_NAME)
+    except StateError as exc:
+        raise ConfigError(f"SATGATE_STATE_DIR={folder}: {exc}") from None
+    return SqlitePinStore(db, owns_db=True)
+
+
+__all__ = ["DB_NAME", "LocalState", "StateError", "open_pins_database", "open_revocations_database"]

@@ -79,6 +79,10 @@ CREATE INDEX IF NOT EXISTS duplicates_expiring ON duplicates (expires);
 CREATE TABLE IF NOT EXISTS tombstones (session_id TEXT PRIMARY KEY, expires REAL NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tombstones_expiring ON tombstones (expires);
 CREATE TABLE IF NOT EXISTS revocations (seq INTEGER PRIMARY KEY, token_id TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS pins (
+  upstream TEXT NOT NULL, tool TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (upstream, tool)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pinned_upstreams (upstream TEXT PRIMARY KEY, first_pinned REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
