@@ -83,6 +83,8 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "max_instances": ("a whole number of at least 1", '"max_instances": 100'),
     "url": ("an http:// or https:// URL", '"url": "http://127.0.0.1:3001/mcp"'),
     "headers": ("a JSON object of strings (HTTP headers sent upstream)", '"headers": {"Authorization": "Bearer ..."}'),
+    "breaker": ('a JSON object with "failures", "backoff", "max_backoff", "jitter"',
+                '"breaker": {"failures": 5, "backoff": 1, "max_backoff": 60}'),
 }
 
 _SPEC_MODELS: dict[str, type[BaseModel]] = {"stdio": StdioUpstreamSpec, "http": HttpUpstreamSpec}

@@ -43,6 +43,8 @@ class Pool(Protocol):
     def readiness(self) -> dict[str, bool]: ...
     def failures(self) -> dict[str, dict[str, str]]:
         """Upstreams down after a failed try: their last exit status and stderr line (for /readyz)."""
+    def circuits(self) -> dict[str, dict[str, object]]:
+        """HTTP upstreams' circuit breakers: ``{"state": "closed" | "open" | "half_open", ...}`` (for /readyz)."""
     def capabilities(self) -> JsonObj: ...
     def instructions(self) -> list[tuple[str, str]]:
         """(upstream, its instructions) for each upstream that gave some."""

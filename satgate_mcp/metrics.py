@@ -60,6 +60,12 @@ class Metrics:
         self.refusals = Counter("satgate_refusals", "Requests refused, by reason", ["reason"], registry=r)
         self.upstream_restarts = Counter("satgate_upstream_restarts", "Upstream restarts or reconnects",
                                          ["upstream"], registry=r)
+        self.circuit_state = Gauge("satgate_upstream_circuit_state",
+                                   "An HTTP upstream's circuit breaker: 0 closed, 1 open, 2 half-open (a probe out)",
+                                   ["upstream"], registry=r)
+        self.circuit_fast_failures = Counter("satgate_upstream_circuit_fast_failures",
+                                             "Calls failed at once, unsent, while the upstream's circuit was open",
+                                             ["upstream"], registry=r)
         self.store_errors = Counter("satgate_store_errors", "Shared or embedded store operations that failed",
                                     ["op"], registry=r)
         self.fail_open_admissions = Counter("satgate_fail_open_admissions",

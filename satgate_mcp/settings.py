@@ -19,6 +19,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
+from satgate_mcp.settings_breaker import BreakerSpec
 from satgate_mcp.settings_governance import GovernanceSettings
 
 ENV_PREFIX = "SATGATE_"
@@ -79,6 +80,8 @@ class HttpUpstreamSpec(BaseModel):
     #: Only ``shared``: refused at start otherwise (see ``_isolation_on_http``).
     isolation: Isolation = "shared"
     max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1)
+    #: When calls stop going to an upstream that keeps failing (docs/upstreams.md).
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
 
     @field_validator("isolation")
     @classmethod

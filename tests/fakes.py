@@ -72,6 +72,9 @@ class FakePool(QuietLifecycle):
     def failures(self) -> dict[str, dict[str, str]]:
         return {}
 
+    def circuits(self) -> dict[str, dict[str, object]]:
+        return {}
+
     def capabilities(self) -> JsonObj:
         return {"tools": {"listChanged": True}}
 

@@ -9,6 +9,7 @@ exists outside it. The steps and their order are the same; only where they run d
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,8 @@ class ChargeAsk:
     cost: float
     limit: float | None
     enforce: bool
+    #: Names this charge in the store's ledger, so a charge whose answer was lost can be found or voided.
+    charge_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,8 @@ class Admission:
     shared: SharedCall | None = None
     #: What is left of the call's store time; settlement spends from the same allowance as admission.
     store_time: StoreTime = field(default_factory=lambda: StoreTime(None))
+    #: Names its charge in the store's ledger, and its refund (policy/ledger.py): unique to this admission.
+    charge_id: str = field(default_factory=lambda: secrets.token_hex(16))
 
     @property
     def duplicate(self) -> bool:

@@ -91,12 +91,16 @@ def decide(limit: float, spent: float, cost: float, *, enforce: bool) -> tuple[C
 
 
 class BudgetStore(Protocol):
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
         """Atomically take ``cost``; a budget unknown so far starts at ``limit`` (None: unlimited,
-        and nothing is stored). With ``enforce``, a cost above what remains is refused unchanged."""
+        and nothing is stored). With ``enforce``, a cost above what remains is refused unchanged.
+        A store that can lose an answer (policy/ledger.py) takes a charge id once only."""
         ...
 
-    async def refund(self, key: str, amount: float) -> None: ...
+    async def refund(self, key: str, amount: float, *, refund_id: str = "") -> None:
+        """Give ``amount`` back; with a ``refund_id``, once only, however often it is asked (where the store can)."""
+        ...
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None: ...
 

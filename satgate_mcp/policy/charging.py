@@ -85,7 +85,8 @@ class Charging:
         amount = admission.stake
         if not amount:
             return
-        await admission.store_time.run(lambda: self._budgets.refund(admission.identity.budget_key, amount))
+        await admission.store_time.run(
+            lambda: self._budgets.refund(admission.identity.budget_key, amount, refund_id=admission.charge_id))
         admission.remaining = (admission.remaining or 0.0) + amount
         self._publisher.publish(events.BUDGET_SPEND, **self._fields(admission.identity),
                                 tool=admission.tool or "", cost=-amount, refund=True,

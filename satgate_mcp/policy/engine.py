@@ -15,7 +15,6 @@ whole call, admission and settlement together, is bounded by one allowance (stor
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 import time
@@ -31,9 +30,10 @@ from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.admissions import Admission, Admissions, ChargeAsk
+from satgate_mcp.policy.admissions import Admission, Admissions, Arrived, ChargeAsk
 from satgate_mcp.policy.budget import BudgetStore, initial_limit, kept_in_store, resolve_cost, shown_remaining
 from satgate_mcp.policy.charging import UNLIMITED, Charging
+from satgate_mcp.policy.closing import Closer
 from satgate_mcp.policy.delegate import Delegator
 from satgate_mcp.policy.delegation import DEFAULT_MAX_DEPTH, Minter, Verifier
 from satgate_mcp.policy.duplicates import (
@@ -41,9 +41,9 @@ from satgate_mcp.policy.duplicates import (
     DUPLICATE_TTL_SECONDS,
     Arrival,
     DuplicateStore,
-    WritesBehind,
     duplicate_key,
 )
+from satgate_mcp.policy.ledger import ArrivalLedger, ChargeLedger, LostCharges
 from satgate_mcp.policy.limits import (
     RateLimiter,
     RateSpec,
@@ -54,7 +54,7 @@ from satgate_mcp.policy.limits import (
     rate_spec,
     retry_after_seconds,
 )
-from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing, outcome_of
+from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, outcome_of
 from satgate_mcp.policy.shared_calls import InFlight, UpstreamCall, cancelled
 from satgate_mcp.policy.store_time import StoreTime
 from satgate_mcp.settings import Settings
@@ -139,17 +139,17 @@ class CallPolicy:
         self._admissions = admissions
         self._charging = Charging(self._budgets, publisher=publisher, metrics=metrics, enforce=self._enforce)
         # Decided once: an isinstance check on a runtime protocol costs more than the call it picks.
-        self._records_behind: WritesBehind | None = (self._duplicates if isinstance(self._duplicates, WritesBehind)
-                                                     else None)
+        self._arrivals_kept = admissions if isinstance(admissions, ArrivalLedger) else None
+        self._charges_kept = self._budgets if isinstance(self._budgets, ChargeLedger) else None
         self._delegator = Delegator(root_key=root_key, budgets=self._budgets, operator_budgets=operator_budgets,
                                     publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
                                     verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
         self._on_close = tuple(on_close)
         self._in_flight = InFlight()
-        self._fail_open = fail_open
-        self._store_timeout = store_timeout
-        #: Records of refused calls tidied up after the refusal was answered (their call's store time was spent).
-        self._tidying: set[asyncio.Task[None]] = set()
+        self._fail_open, self._store_timeout = fail_open, store_timeout
+        self._closer = Closer(duplicates=self._duplicates, charging=self._charging, in_flight=self._in_flight,
+                              metrics=metrics, store_timeout=store_timeout)
+        self._lost = LostCharges(self._closer, store_timeout=store_timeout)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, publisher: Publisher, metrics: Metrics,
@@ -209,8 +209,8 @@ class CallPolicy:
         cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
         limit = initial_limit(identity, self._operator_budgets)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
-            unguarded = Admission(identity, tool, Role.UNGUARDED, store_time=store_time)
-            return await self._charging.charge(unguarded, cost, limit)
+            return await self._charge_unguarded(Admission(identity, tool, Role.UNGUARDED, store_time=store_time),
+                                                cost, limit)
         key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
@@ -235,7 +235,7 @@ class CallPolicy:
             if store_time.spent:  # the refusal goes out now; its record is put right when the store answers
                 self._tidy(admission)
             else:
-                await self._close(admission, Outcome.REFUSED)
+                await self._closer.close(admission, Outcome.REFUSED)
             raise
 
     async def _arrive(self, admissions: Admissions, admission: Admission, cost: float, limit: float | None
@@ -244,8 +244,14 @@ class CallPolicy:
         LEADING: the store already took its record back, so closing it only lets the shared call go."""
         key = admission.duplicate_key
         assert key is not None
-        ask = ChargeAsk(admission.identity.budget_key, cost, limit, self._enforce)
-        arrived = await admission.store_time.run(lambda: admissions.arrive(key, ask))
+        ask = ChargeAsk(admission.identity.budget_key, cost, limit, self._enforce, admission.charge_id)
+        kept = self._arrivals_kept
+        arrived = await self._lost.charged(admission, lambda: admissions.arrive(key, ask),
+                                      kept.arrival_landed if kept is not None else None,
+                                      lambda late, found: self._arrived(late, found, cost))
+        return self._arrived(admission, arrived, cost)
+
+    def _arrived(self, admission: Admission, arrived: Arrived, cost: float) -> Admission:
         if arrived.charge is None:
             admission.role = Role.REPLAY
             return self._charging.free(admission, cost, arrived.remaining)
@@ -253,12 +259,21 @@ class CallPolicy:
             admission.role = ROLE_ON_ARRIVAL[arrived.arrival]
         return self._charging.take(admission, cost, arrived.charge)
 
+    async def _charge_unguarded(self, admission: Admission, cost: float, limit: float | None) -> Admission:
+        if not kept_in_store(limit, admission.identity.budget_id):
+            return self._charging.take(admission, cost, UNLIMITED)
+        key, kept = admission.identity.budget_key, self._charges_kept
+        charge = await self._lost.charged(
+            admission, lambda: self._budgets.charge(key, cost, limit=limit, enforce=self._enforce,
+                                                    charge_id=admission.charge_id),
+            kept.charge_landed if kept is not None else None,
+            lambda late, found: self._charging.take(late, cost, found))
+        return self._charging.take(admission, cost, charge)
+
     def _tidy(self, admission: Admission) -> None:
         """Close a refused admission in the background, with an allowance of its own, logged if it fails."""
         admission.store_time = StoreTime(self._store_timeout)
-        task = asyncio.ensure_future(self._close_recorded(admission, Outcome.REFUSED))
-        self._tidying.add(task)
-        task.add_done_callback(self._tidying.discard)
+        self._closer.spawn(self._closer.close_recorded(admission, Outcome.REFUSED), charge_id=admission.charge_id)
 
     async def run(self, admission: Admission, call: UpstreamCall) -> JsonObj:
         """Forward a ``tools/call`` once for every identical copy in flight, then settle it.
@@ -277,48 +292,15 @@ class CallPolicy:
                 failure = exc
                 raise
             finally:
-                await self._close_recorded(admission, outcome_of(reply, failure))
+                await self._closer.close_recorded(admission, outcome_of(reply, failure))
         if admission.role is not Role.JOINED:
-            shared.start(call, lambda reply, failure: self._close_recorded(admission, outcome_of(reply, failure)))
+            shared.start(call, lambda reply, failure: self._closer.close_recorded(admission,
+                                                                                  outcome_of(reply, failure)))
         return await shared.join()
 
     async def settle(self, admission: Admission, *, ran: bool) -> None:
         """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it."""
-        await self._close_recorded(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
-
-    async def _close_recorded(self, admission: Admission, outcome: Outcome) -> None:
-        """``_close``, but a store fault after the call ran never costs the client its answer: what could
-        not be written is logged with everything needed to reconcile it by hand."""
-        try:
-            await self._close(admission, outcome)
-        except STORE_ERRORS as exc:
-            self._metrics.store_errors.labels(op="settle").inc()
-            log.error("settlement_not_recorded", error=type(exc).__name__, outcome=str(outcome),
-                      token_id=admission.identity.token_id, budget_id=admission.identity.budget_key,
-                      tool=admission.tool, stake=admission.stake, duplicate_key=admission.duplicate_key)
-
-    async def _close(self, admission: Admission, outcome: Outcome) -> None:
-        """Carry out ``closing``: move the record, let go of the shared call, refund.
-
-        The ``tool_call`` event is the dispatcher's (it knows the upstream and outcome); a refund
-        is published as a negative ``budget_spend`` so summing spend events gives what was paid.
-        """
-        plan = closing(admission.role, outcome)
-        admission.role = Role.SETTLED
-        record_says: str | None = None
-        try:
-            if plan.record is not None and (key := admission.duplicate_key) is not None:
-                record = plan.record
-                if self._records_behind is not None and not plan.answer_matters(admission.stake):
-                    self._records_behind.apply_behind(key, record)
-                else:
-                    record_says = await admission.store_time.run(lambda: self._duplicates.apply(key, record))
-        finally:
-            # Only once the record is settled: a copy arriving meanwhile joined this call, not ran it again.
-            if plan.release and admission.duplicate_key is not None and admission.shared is not None:
-                self._in_flight.release(admission.duplicate_key, admission.shared)
-        if plan.refunds(record_says):
-            await self._charging.refund(admission)
+        await self._closer.close_recorded(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
 
     async def _check_rate(self, identity: Identity, method: str, tool: str | None, store_time: StoreTime) -> None:
         # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
@@ -369,9 +351,7 @@ class CallPolicy:
             raise store_unavailable() from None
 
     async def close(self) -> None:
-        for task in list(self._tidying):
-            with contextlib.suppress(BaseException):
-                await task
+        await self._closer.aclose()
         await self._limiter.close()
         await self._budgets.close()
         await self._duplicates.close()

@@ -5,6 +5,9 @@ and each Redis command has its own socket timeout; a slow or paused store could 
 that timeout once per command. ``StoreTime`` is the call's one allowance (``SATGATE_REDIS_TIMEOUT``):
 every store operation of the call runs under what is left of it, and once it is spent the next
 operation fails at once, as a store fault (``TimeoutError``), without asking the store.
+
+What is done after the call's answer (a lost charge resolved, a settlement finished: ledger.py, closing.py) is
+retried instead, each try under an allowance of its own (``resolve``, ``in_background``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: Tries of a resolution before the answer goes out, sharing one store timeout: a lost answer costs a call
+#: at most twice the timeout.
+RESOLVE_ATTEMPTS = 2
+#: Background resolution: waits between tries, doubling to the cap, and tries in all (~10 minutes: the ledger's life).
+RETRY_FIRST, RETRY_CAP, BACKGROUND_ATTEMPTS = 0.5, 30.0, 25
 
 
 class StoreTime:
@@ -41,3 +50,38 @@ class StoreTime:
                 return await operation()
         finally:
             self.left -= loop.time() - started
+
+
+async def resolve(ask: Callable[[], Awaitable[T]], *, allowance: float | None,
+                  errors: tuple[type[BaseException], ...], attempts: int = RESOLVE_ATTEMPTS) -> T:
+    """``ask()`` tried up to ``attempts`` times, the ``allowance`` shared equally between them; the last of
+    ``errors`` (what a store that cannot answer raises) when none was answered. Safe to repeat: a resolution
+    answers the same however often it is asked."""
+    each = None if allowance is None else allowance / attempts
+    for attempt in range(attempts):
+        try:
+            return await StoreTime(each).run(ask)
+        except errors:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def retry_delays(first: float = RETRY_FIRST, cap: float = RETRY_CAP, attempts: int = BACKGROUND_ATTEMPTS
+                 ) -> list[float]:
+    """The waits before each background try: at once, then doubling from ``first`` up to ``cap``."""
+    return [0.0, *(min(cap, first * 2.0**n) for n in range(attempts - 1))]
+
+
+async def in_background(ask: Callable[[], Awaitable[T]], *, allowance: float | None,
+                        errors: tuple[type[BaseException], ...], delays: list[float] | None = None) -> T:
+    """``resolve`` again and again, waiting between tries, until the store answers; the last error if it never does."""
+    waits = retry_delays() if delays is None else delays
+    for n, wait in enumerate(waits):
+        await asyncio.sleep(wait)
+        try:
+            return await resolve(ask, allowance=allowance, errors=errors, attempts=1)
+        except errors:
+            if n == len(waits) - 1:
+                raise
+    raise AssertionError("unreachable")

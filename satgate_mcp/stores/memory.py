@@ -51,7 +51,8 @@ class MemoryBudgetStore:
             _, key = heapq.heappop(self._expiring)
             self._accounts.pop(key, None)
 
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
         self._expire()
         account = self._accounts.get(key)
         if account is None:
@@ -61,7 +62,7 @@ class MemoryBudgetStore:
         charge, account.spent = decide(account.limit, account.spent, cost, enforce=enforce)
         return charge
 
-    async def refund(self, key: str, amount: float) -> None:
+    async def refund(self, key: str, amount: float, *, refund_id: str = "") -> None:
         account = self._accounts.get(key)
         if account is not None:
             account.spent = max(0.0, account.spent - amount)

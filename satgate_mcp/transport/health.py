@@ -47,16 +47,22 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     503 while any configured upstream is down, even though the others are served (``/mcp`` keeps answering): a
     balancer should prefer a machine where every tool works. ``status`` says which wait this is: ``starting``
     (none has failed yet) or ``upstream_down``, and ``down`` names each failed upstream with its last exit status
-    and stderr line (what an operator needs to fix it).
+    and stderr line (what an operator needs to fix it). ``circuits`` gives each HTTP upstream's circuit breaker;
+    one that is not closed counts as down.
     """
     refusal = host_origin_refusal(request, request.app[SETTINGS])
     if refusal:
         return refusal_answer(refusal)
     pool = request.app[POOL]
-    upstreams, down = pool.readiness(), pool.failures()
-    ready = all(upstreams.values())
+    upstreams, down, circuits = pool.readiness(), pool.failures(), pool.circuits()
+    for name, circuit in circuits.items():
+        if circuit["state"] != "closed" and name not in down:  # it answers the handshake, yet calls fail
+            down[name] = {"status": f"circuit {circuit['state']}: calls to it fail at once"}
+    ready = all(upstreams.values()) and not down
     body: dict[str, object] = {"status": "ready" if ready else "upstream_down" if down else "starting",
                                "upstreams": upstreams}
+    if circuits:
+        body["circuits"] = circuits
     if down:  # which one, and why: its last exit status and stderr line (a half-working machine stays out: 503)
         body["down"] = down
     probe = request.app.get(STORE_PROBE)

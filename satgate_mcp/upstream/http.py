@@ -12,6 +12,7 @@ how one exchange is sent and its answer read is http_channel.py's.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -24,6 +25,7 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
+from satgate_mcp.upstream.breaker import Breaker, call_outcome, circuit_open, upstream_breaker
 from satgate_mcp.upstream.connection import encode_message
 from satgate_mcp.upstream.http_channel import HttpChannel
 from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers, status_problem
@@ -51,9 +53,14 @@ class HttpUpstream(HttpChannel):
         client_session_factory: Callable[[], aiohttp.ClientSession] | None = None,
         restart_policy: RestartPolicy | None = None,
         listen: bool = True,
+        breaker: Breaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``listen`` opens the optional GET stream that carries notifications outside any request."""
+        """``listen`` opens the optional GET stream that carries notifications outside any request. ``breaker``:
+        the circuit of another connection to the same upstream (a twin shares its 2025 side's); ``clock`` times
+        a new one."""
         super().__init__(name, spec, publisher=publisher, metrics=metrics, restart_policy=restart_policy)
+        self.breaker = breaker or upstream_breaker(name, spec.breaker, metrics, clock)
         self._factory = client_session_factory
         self._listen_enabled = listen
         self._init_lock = asyncio.Lock()
@@ -78,6 +85,26 @@ class HttpUpstream(HttpChannel):
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,
                        on_progress: ProgressCallback | None) -> JsonObj:
+        """Through the circuit breaker: refused at once, unsent, while it is open; what each call proved is
+        told to it."""
+        verdict = self.breaker.admit()
+        if not verdict.go:
+            self._metrics.circuit_fast_failures.labels(upstream=self.name).inc()
+            raise circuit_open(self.name, verdict)
+        status: int | None = None
+        failure: BaseException | None = None
+        try:
+            status, reply = await self._forward(method, params, budget, on_progress)
+            return reply
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.breaker.settle(call_outcome(status, failure), probe=verdict.probe)
+
+    async def _forward(self, method: str, params: JsonObj | None, budget: float,
+                       on_progress: ProgressCallback | None) -> tuple[int, JsonObj]:
+        """One request and its answer: (the HTTP status that carried it, the reply)."""
         self._check_open()
         upstream_id = next(self._ids)
         params, route = self._inbox.open_route(params, on_progress)
@@ -92,9 +119,9 @@ class HttpUpstream(HttpChannel):
                     exc.sent = False  # the handshake failed: this request was never posted
                     raise
                 sent = True
-                reply = await self._exchange(message, route)
+                answered = await self._exchange(message, route)
                 await self._inbox.close_route(route, drain=True)
-            return reply
+            return answered
         except TimeoutError:
             if not sent or not self._ready.is_set():
                 raise self._unavailable(f"upstream {self.name!r} could not be reached within {budget:g}s",
@@ -213,7 +240,7 @@ class HttpUpstream(HttpChannel):
         """A sessionless connection to the same URL: 2026-07-28 requests beside the 2025 session."""
         twin = HttpUpstream(self.name, self._spec.model_copy(update={"protocol": "2026"}), publisher=self._publisher,
                             metrics=self._metrics, client_session_factory=self._factory,
-                            restart_policy=self._policy, listen=self._listen_enabled)
+                            restart_policy=self._policy, listen=self._listen_enabled, breaker=self.breaker)
         twin._discover_only = True
         return twin
 
@@ -235,6 +262,7 @@ class HttpUpstream(HttpChannel):
     def _became_ready(self, reason: str, session_id: str | None) -> None:
         result = self._init_result or {}
         self._mark_ready()
+        self.breaker.reachable()  # an open circuit need not wait out its backoff: the next call probes
         if self.handshakes:
             self._count_restart(reason=reason)
         self.handshakes += 1
@@ -262,7 +290,8 @@ class HttpUpstream(HttpChannel):
 
     # -- exchanges ---------------------------------------------------------------------------
 
-    async def _exchange(self, message: JsonObj, route: str | None = None) -> JsonObj:
+    async def _exchange(self, message: JsonObj, route: str | None = None) -> tuple[int, JsonObj]:
+        """(the HTTP status, the reply); a 404 on our session renews it and tries once more."""
         renewed = False
         while True:
             used = self._session_id
@@ -273,7 +302,7 @@ class HttpUpstream(HttpChannel):
                 renewed = True
                 continue
             if reply is not None and not (status == 404 and renewed):
-                return reply
+                return status, reply
             raise self._unavailable(f"upstream {self.name!r} {status_problem(status, had_session=renewed)}",
                                     status=status)
 

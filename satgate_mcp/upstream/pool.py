@@ -46,7 +46,7 @@ def make_upstream(
         return StdioUpstream(name, spec, publisher=publisher, metrics=metrics)
     from satgate_mcp.upstream.http import HttpUpstream
 
-    return HttpUpstream(name, spec, publisher=publisher, metrics=metrics)
+    return HttpUpstream(name, spec, publisher=publisher, metrics=metrics, clock=clock)
 
 
 class UpstreamPool(UpstreamListings):
@@ -120,6 +120,11 @@ class UpstreamPool(UpstreamListings):
     def failures(self) -> dict[str, dict[str, str]]:
         """The upstreams down after a failed try, each with its last exit status and stderr line."""
         return {name: failure for name, u in self._upstreams.items() if (failure := u.last_failure) is not None}
+
+    def circuits(self) -> dict[str, dict[str, object]]:
+        """Each HTTP upstream's circuit breaker (upstream/breaker.py): its state, and while open when it probes."""
+        return {name: breaker.detail() for name, u in self._upstreams.items()
+                if (breaker := getattr(u, "breaker", None)) is not None}
 
     # -- isolated upstreams: a child per token or session ------------------------------------
 

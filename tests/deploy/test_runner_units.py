@@ -67,6 +67,9 @@ class TogglePool:
     def failures(self) -> dict[str, dict[str, str]]:
         return {}
 
+    def circuits(self) -> dict[str, dict[str, object]]:
+        return {}
+
 
 def app_with(pool: TogglePool) -> web.Application:
     app = web.Application()

@@ -378,7 +378,8 @@ async def test_health_readiness_and_a_metrics_scrape(gateway: Gateway) -> None:
         assert (healthz.status_code, healthz.json()) == (200, {"status": "ok"})
         readyz = await gateway.readyz()
         assert readyz.status_code == 200
-        assert readyz.json() == {"status": "ready", "upstreams": {"alpha": True, "beta": True, "web": True}}
+        assert readyz.json() == {"status": "ready", "upstreams": {"alpha": True, "beta": True, "web": True},
+                                 "circuits": {"web": {"state": "closed"}}}  # HTTP upstreams have a breaker
 
         ok_calls = await gateway.metric("satgate_tool_calls_total", upstream="web", outcome="ok")
         assert await agent.text("web_echo", text="counted") == "counted"

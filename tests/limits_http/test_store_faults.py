@@ -158,7 +158,7 @@ async def test_fail_open_admits_the_call_unmetered_and_counts_it(aiohttp_client:
 class FailingRefunds(MemoryBudgetStore):
     """Charges work; the refund after a call that certainly did not run cannot be written."""
 
-    async def refund(self, budget_id: str, amount: float) -> None:
+    async def refund(self, budget_id: str, amount: float, *, refund_id: str = "") -> None:
         raise ConnectionError("store went away")
 
 
@@ -226,7 +226,8 @@ class SlowRecords(MemoryDuplicateStore):
 
 
 class SlowBudgets(MemoryBudgetStore):
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
         await asyncio.sleep(SLOW)
         return await super().charge(key, cost, limit=limit, enforce=enforce)
 

@@ -30,7 +30,8 @@ class CountingBudgets(MemoryBudgetStore):
         super().__init__()
         self.asked = 0
 
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
         self.asked += 1
         return await super().charge(key, cost, limit=limit, enforce=enforce)
 

@@ -9,15 +9,27 @@ as for the budget transfer.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import redis.asyncio as redis
 
 from satgate_mcp.policy.admissions import Arrived, ChargeAsk, refused_record
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import ARRIVAL, DUPLICATE_TTL_SECONDS, Arrival, Table
-from satgate_mcp.stores.redis.policy import DECIDE_LUA, DEFAULT_PREFIX, num_arg, optional_float, text
+from satgate_mcp.stores.redis.policy import (
+    DECIDE_LUA,
+    DEFAULT_PREFIX,
+    LANDED_LUA,
+    ledger_script,
+    num_arg,
+    optional_float,
+    text,
+)
 
-# KEYS[1] record, KEYS[2] budget; ARGV ttl ms, cost, limit ('' = unlimited), enforce ('1'/'0'), then the arrival
-# table and the refused first copy's table, each as a count and (state, new state, outcome) triples.
+# KEYS[1] record, KEYS[2] budget, KEYS[3] the charge id's ledger entry (optional); ARGV ttl ms, cost, limit
+# ('' = unlimited), enforce ('1'/'0'), then the arrival table and the refused first copy's table, each as a count
+# and (state, new state, outcome) triples.
 # Returns {arrival, status, remaining, exceeded}: status ok | refused | unlimited | free (the re-send).
 _ARRIVE_LUA = DECIDE_LUA + """
 local function apply(key, at, ttl)
@@ -35,7 +47,7 @@ local function apply(key, at, ttl)
   end
   error('no transition for state ' .. current)
 end
-local arrival = apply(KEYS[1], 5, ARGV[1])
+""" + ledger_script("""local arrival = apply(KEYS[1], 5, ARGV[1])
 local limit = redis.call('HGET', KEYS[2], 'limit')
 local spent = tonumber(redis.call('HGET', KEYS[2], 'spent') or '0')
 if arrival == 'replay' then
@@ -54,7 +66,7 @@ if not allowed then
 end
 redis.call('HSET', KEYS[2], 'spent', num(after))
 return {arrival, 'ok', num(remaining), exceeded and '1' or '0'}
-"""
+""", 3)
 
 
 def table_args(table: Table | None) -> list[str]:
@@ -72,16 +84,29 @@ class RedisAdmissions:
 
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
                  ttl: float = DUPLICATE_TTL_SECONDS) -> None:
-        self._records, self._budgets = prefix + "dup:", prefix + "budget:"
+        self._records, self._budgets, self._ledger = prefix + "dup:", prefix + "budget:", prefix + "charge:"
         self._ttl_ms = str(max(1, int(ttl * 1000)))
         self._arrive = client.register_script(_ARRIVE_LUA)
+        self._landed = client.register_script(LANDED_LUA)
 
     async def arrive(self, key: str, ask: ChargeAsk) -> Arrived:
-        arrival, status, remaining, exceeded = await self._arrive(
-            keys=[self._records + key, self._budgets + ask.budget_key],
-            args=[self._ttl_ms, num_arg(ask.cost), num_arg(ask.limit), "1" if ask.enforce else "0", *_TABLES])
-        came, said = Arrival(text(arrival)), text(status)
-        if said == "free":
-            return Arrived(came, None, optional_float(remaining))
-        return Arrived(came, Charge(said != "refused", optional_float(remaining), exceeded=text(exceeded) == "1"),
-                       None)
+        keys = [self._records + key, self._budgets + ask.budget_key,
+                *([self._ledger + ask.charge_id] if ask.charge_id else [])]
+        args = [self._ttl_ms, num_arg(ask.cost), num_arg(ask.limit), "1" if ask.enforce else "0", *_TABLES]
+        reply = await self._arrive(keys=keys, args=args)
+        return _arrived(reply)
+
+    async def arrival_landed(self, charge_id: str) -> Arrived | None:
+        """The arrival made under ``charge_id`` if it landed; None once it certainly never will."""
+        seen = text(await self._landed(keys=[self._ledger + charge_id]))
+        return None if seen == "void" else _arrived(json.loads(seen))
+
+
+def _arrived(reply: Any) -> Arrived:
+    if text(reply[0]) == "void":  # only an arrival whose answer was given up on: nobody waits for this one
+        raise TimeoutError("this arrival was voided after its answer was lost")
+    arrival, status, remaining, exceeded = reply
+    came, said = Arrival(text(arrival)), text(status)
+    if said == "free":
+        return Arrived(came, None, optional_float(remaining))
+    return Arrived(came, Charge(said != "refused", optional_float(remaining), exceeded=text(exceeded) == "1"), None)

@@ -10,6 +10,7 @@ Rate buckets take ``now`` from the caller's wall clock, so machines need roughly
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -59,9 +60,43 @@ end
 local function num(value) return string.format('%.17g', value) end
 """
 
-# KEYS[1] budget; ARGV cost, limit ('' = unlimited), enforce ('1'/'0').
+#: How long a charge id's ledger entry (its answer, or "void") outlives it: a charge whose answer was lost is
+#: looked for within seconds; a command queued in a paused Redis longer than this could still land unseen.
+LEDGER_TTL_MS = 600_000
+
+#: Wraps a script's body (``local function body() ... end`` before it) in its charge id's ledger entry, the
+#: key after the script's own: a script that ran answers again from the entry without running twice; one whose
+#: charge id was voided (``LANDED_LUA``) answers ``{'void'}`` and changes nothing.
+LEDGER_LUA = """
+local ledger = KEYS[LEDGER_AT]
+if ledger then
+  local seen = redis.call('GET', ledger)
+  if seen == 'void' then return {'void'} end
+  if seen then return cjson.decode(seen) end
+end
+local reply = body()
+if ledger then redis.call('SET', ledger, cjson.encode(reply), 'PX', LEDGER_TTL) end
+return reply
+""".replace("LEDGER_TTL", str(LEDGER_TTL_MS))
+
+#: KEYS[1] a charge id's ledger entry: its answer when the charge landed, else "void" from now on (so a charge
+#: still on its way never lands). Asked once an answer was lost; asked again, it answers the same.
+LANDED_LUA = """
+local seen = redis.call('GET', KEYS[1])
+if seen then return seen end
+redis.call('SET', KEYS[1], 'void', 'PX', LEDGER_TTL)
+return 'void'
+""".replace("LEDGER_TTL", str(LEDGER_TTL_MS))
+
+
+def ledger_script(body: str, at: int) -> str:
+    """``body`` (a script that returns a list) run once per charge id, its ledger entry at ``KEYS[at]``."""
+    return "local function body()\n" + body + "\nend\n" + LEDGER_LUA.replace("LEDGER_AT", str(at))
+
+
+# KEYS[1] budget, KEYS[2] the charge id's ledger entry (optional); ARGV cost, limit ('' = unlimited), enforce.
 # Returns {status, remaining, exceeded}: status ok | refused | unlimited.
-_CHARGE_LUA = DECIDE_LUA + """
+_CHARGE_LUA = DECIDE_LUA + ledger_script("""
 local limit = redis.call('HGET', KEYS[1], 'limit')
 local spent = 0
 if limit then
@@ -75,15 +110,17 @@ local allowed, remaining, exceeded, after = decide(tonumber(limit), spent, tonum
 if not allowed then return {'refused', num(remaining), '1'} end
 redis.call('HSET', KEYS[1], 'spent', num(after))
 return {'ok', num(remaining), exceeded and '1' or '0'}
-"""
+""", 2)
 
+# KEYS[1] budget, KEYS[2] the refund's marker (optional: then it is given back once only); ARGV amount.
 _REFUND_LUA = """
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', LEDGER_TTL) then return 0 end
 local spent = redis.call('HGET', KEYS[1], 'spent')
 if not spent then return 0 end
 local left = math.max(0, tonumber(spent) - tonumber(ARGV[1]))
 redis.call('HSET', KEYS[1], 'spent', string.format('%.17g', left))
 return 1
-"""
+""".replace("LEDGER_TTL", str(LEDGER_TTL_MS))
 
 # KEYS[1] parent, KEYS[2] child; ARGV amount, parent limit ('' = unlimited), child ttl in ms ('' = none).
 # Returns {status, parent remaining ('' = unlimited)}: status ok | insufficient | exists.
@@ -168,18 +205,26 @@ class RedisBudgetStore:
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
         self.client = client
         self._prefix = prefix + "budget:"
+        self._ledger, self._refunds = prefix + "charge:", prefix + "refund:"
         self._charge = client.register_script(_CHARGE_LUA)
+        self._landed = client.register_script(LANDED_LUA)
         self._refund = client.register_script(_REFUND_LUA)
         self._transfer = client.register_script(_TRANSFER_LUA)
 
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
-        status, remaining, exceeded = await self._charge(
-            keys=[self._prefix + key], args=[num_arg(cost), num_arg(limit), "1" if enforce else "0"])
-        status = status.decode() if isinstance(status, bytes) else status
-        return Charge(status != "refused", optional_float(remaining), exceeded=optional_float(exceeded) == 1)
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
+        keys = [self._prefix + key, *([self._ledger + charge_id] if charge_id else [])]
+        reply = await self._charge(keys=keys, args=[num_arg(cost), num_arg(limit), "1" if enforce else "0"])
+        return _charge_of(reply)
 
-    async def refund(self, key: str, amount: float) -> None:
-        await self._refund(keys=[self._prefix + key], args=[num_arg(amount)])
+    async def charge_landed(self, charge_id: str) -> Charge | None:
+        """The charge made under ``charge_id`` if it landed; None once it certainly never will."""
+        seen = text(await self._landed(keys=[self._ledger + charge_id]))
+        return None if seen == "void" else _charge_of(json.loads(seen))
+
+    async def refund(self, key: str, amount: float, *, refund_id: str = "") -> None:
+        keys = [self._prefix + key, *([self._refunds + refund_id] if refund_id else [])]
+        await self._refund(keys=keys, args=[num_arg(amount)])
 
     async def remaining(self, key: str, *, limit: float | None) -> float | None:
         stored_limit, spent = await self.client.hmget(self._prefix + key, ["limit", "spent"])
@@ -197,6 +242,13 @@ class RedisBudgetStore:
 
     async def close(self) -> None:
         return None
+
+
+def _charge_of(reply: Any) -> Charge:
+    status = text(reply[0])
+    if status == "void":  # only a charge whose answer was given up on: nobody waits for this one
+        raise TimeoutError("this charge was voided after its answer was lost")
+    return Charge(status != "refused", optional_float(reply[1]), exceeded=optional_float(reply[2]) == 1)
 
 
 class RedisDuplicateStore:

@@ -75,11 +75,12 @@ class SqliteBudgetStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool) -> Charge:
+    async def charge(self, key: str, cost: float, *, limit: float | None, enforce: bool,
+                     charge_id: str = "") -> Charge:
         now = self._db.clock
         return await self._db.run(lambda conn: charge_in(conn, key, cost, limit=limit, enforce=enforce, now=now()))
 
-    async def refund(self, key: str, amount: float) -> None:
+    async def refund(self, key: str, amount: float, *, refund_id: str = "") -> None:
         def refund(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE budgets SET spent = max(0.0, spent - ?) WHERE key = ? AND "
                          "(expires IS NULL OR expires > ?)", (amount, key, self._db.clock()))
