@@ -40,7 +40,7 @@ from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import open_stores
-from satgate_mcp.transport import health, oauth
+from satgate_mcp.transport import health, jwks, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.listen import Listeners, fan_out
@@ -106,7 +106,7 @@ def create_app(
         policy = built
     app[POOL] = pool or UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
                                      idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval,
-                                     clock=clock)
+                                     clock=clock, identity_key=settings.identity_signing_key)
     app.cleanup_ctx.append(_upstreams)
     registry = app[REGISTRY] = SessionRegistry(
         cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
@@ -167,6 +167,8 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     app.on_shutdown.append(end_listen_streams)
     LegacySseTransport(checks, gate, runner, dispatcher, hub).add_routes(app)
     health.add_routes(app)
+    if (identity_key := settings.identity_signing_key) is not None:
+        jwks.add_routes(app, identity_key)  # upstreams verify the identity the gateway forwards with it
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())

@@ -20,6 +20,8 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
 from satgate_mcp.settings_governance import GovernanceSettings
+from satgate_mcp.settings_identity import IdentitySettings
+from satgate_mcp.upstream_auth_spec import UpstreamAuthSpec, upstream_auth_problem
 
 ENV_PREFIX = "SATGATE_"
 MIN_ROOT_KEY_LENGTH = 32
@@ -79,6 +81,8 @@ class HttpUpstreamSpec(BaseModel):
     #: Only ``shared``: refused at start otherwise (see ``_isolation_on_http``).
     isolation: Isolation = "shared"
     max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1)
+    #: How the gateway authenticates upstream as an OAuth client (upstream_auth_spec.py); None: ``headers`` only.
+    auth: UpstreamAuthSpec | None = None
 
     @field_validator("isolation")
     @classmethod
@@ -110,7 +114,7 @@ ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "co
                        "soft": "control"}
 
 
-class Settings(GovernanceSettings):
+class Settings(GovernanceSettings, IdentitySettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8",
                                       env_ignore_empty=True)
 
@@ -315,6 +319,9 @@ class Settings(GovernanceSettings):
             raise ValueError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
         if self.auth_mode == "oauth":
             self._oauth_requirements()
+        auths = {n: s.auth for n, s in self.upstreams.items() if isinstance(s, HttpUpstreamSpec)}
+        if problem := upstream_auth_problem(self.auth_mode, self.identity_key is not None, auths):
+            raise ValueError(problem)
         return self
 
     def _oauth_requirements(self) -> None:

@@ -78,6 +78,8 @@ class Identity:
     tool_scopes: Mapping[str, str] | None = field(default=None, compare=False)
     #: OAuth only: the client the token was issued to (``azp`` or ``client_id``), for the record.
     client_id: str | None = None
+    #: OAuth only: the token's ``sub`` (the token id may come from another claim), for upstreams told who calls.
+    subject: str | None = field(default=None, compare=False)
 
     @property
     def family_id(self) -> str:

@@ -196,6 +196,7 @@ class JwtAuthenticator:
             scopes=scope_set(claims),
             tool_scopes=policy.tool_scopes,
             client_id=client or None,
+            subject=subject if isinstance(subject, str) else None,
         )
         return identity, session_binding(policy.issuer, subject if isinstance(subject, str) else raw_id, client)
 

@@ -23,6 +23,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Refusal
+from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
 
 #: Distinct (Host, Origin) pairs whose verdict is kept: a client chooses them, so the cache is bounded.
 HOST_ORIGIN_CACHE = 256
@@ -93,8 +94,12 @@ class RequestChecks:
         """The one place a credential is verified."""
         result = await self._auth.authenticate(request.headers.get("Authorization"))
         if result.ok and result.identity is not None:
-            request[TOKEN_ID] = result.identity.token_id
-            return Principal(result.token, result.identity)
+            identity = result.identity
+            request[TOKEN_ID] = identity.token_id
+            # The handler's context from here on: an upstream whose auth is per caller finds the token there.
+            CREDENTIAL.set(CallerCredential(result.token, identity.token_id, identity.subject or identity.token_id,
+                                            identity.tenant))
+            return Principal(result.token, identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
         named: dict[str, str] = {"token_id": result.identity.token_id} if result.identity is not None else {}
