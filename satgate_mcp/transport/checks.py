@@ -16,7 +16,7 @@ from functools import partial
 from aiohttp import web
 
 from satgate_mcp import events, jsonrpc
-from satgate_mcp.auth.base import Authenticator, Identity
+from satgate_mcp.auth.base import Authenticator, Identity, bearer_from_header
 from satgate_mcp.events import Publisher
 from satgate_mcp.keys import CLOSE_CONNECTION, TOKEN_ID
 from satgate_mcp.metrics import Metrics
@@ -92,13 +92,15 @@ class RequestChecks:
 
     async def principal(self, request: web.Request) -> Principal | Refusal:
         """The one place a credential is verified."""
-        result = await self._auth.authenticate(request.headers.get("Authorization"))
+        authorization = request.headers.get("Authorization")
+        result = await self._auth.authenticate(authorization)
         if result.ok and result.identity is not None:
             identity = result.identity
             request[TOKEN_ID] = identity.token_id
-            # The handler's context from here on: an upstream whose auth is per caller finds the token there.
-            CREDENTIAL.set(CallerCredential(result.token, identity.token_id, identity.subject or identity.token_id,
-                                            identity.tenant))
+            # The handler's context from here on: an upstream whose auth is per caller finds the bearer there
+            # (``result.token`` is what a session binds to, in OAuth mode not the bearer itself).
+            CREDENTIAL.set(CallerCredential(bearer_from_header(authorization) or "", identity.token_id,
+                                            identity.subject or identity.token_id, identity.tenant))
             return Principal(result.token, identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
