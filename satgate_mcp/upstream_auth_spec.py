@@ -88,6 +88,9 @@ class _GrantSpec(BaseModel):
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and not _ENV_NAME.fullmatch(value):
             raise ValueError(f"must name an environment variable (letters, digits, '_'), got {value[:60]!r}")
+        if value is not None and value.upper().startswith("SATGATE_"):
+            raise ValueError(f"names {value}, but SATGATE_* names are the gateway's settings (an unknown one stops "
+                             "serve): use another name, e.g. FILES_CLIENT_SECRET")
         return value
 
     @field_validator("scope")

@@ -119,8 +119,9 @@ def upstream(idp: AuthServer) -> Iterator[IdentityUpstream]:
 
 
 def auth_spec(idp: AuthServer, kind: str = "token_exchange", **extra: Any) -> JsonObj:
-    return {"type": kind, "token_endpoint": idp.tokens.url, "client_id": "gateway",
+    spec = {"type": kind, "token_endpoint": idp.tokens.url, "client_id": "gateway",
             "client_secret_env": SECRET_VARIABLE, "audience": UPSTREAM_AUDIENCE, **extra}
+    return {k: v for k, v in spec.items() if v is not None}
 
 
 @pytest.fixture
@@ -238,8 +239,8 @@ async def test_a_silent_authorization_server_is_bounded_by_the_upstream_timeout(
     idp.tokens.hold.set()
 
 
-def _ed25519_pem() -> str:
-    key = ed25519.Ed25519PrivateKey.generate()
+def _ed25519_pem(key: ed25519.Ed25519PrivateKey | None = None) -> str:
+    key = key or ed25519.Ed25519PrivateKey.generate()
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
 
@@ -264,3 +265,15 @@ async def test_forwarded_identity_verifies_against_the_gateways_jwks(start: Star
     with pytest.raises(jwt.InvalidAudienceError):
         jwt.decode(signed, key.key, algorithms=["EdDSA"], audience="https://another-upstream.example.com/mcp")
     assert idp.tokens.grants == {"client_credentials": 1}  # the gateway's token, cached for every caller
+
+
+async def test_private_key_jwt_authenticates_the_gateway_without_a_shared_secret(
+        start: StartGateway, idp: AuthServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    idp.tokens.register_key("gateway-pk", key.public_key())
+    monkeypatch.setenv("TEST_GATEWAY_PRIVATE_KEY", _ed25519_pem(key))
+    gw = await start(auth=auth_spec(idp, client_id="gateway-pk", client_auth="private_key_jwt",
+                                    client_secret_env=None, private_key_env="TEST_GATEWAY_PRIVATE_KEY"))
+    alice = user_token(idp, "alice")
+    assert await gw.text(alice, await gw.session(alice), "whoami") == "alice"
+    assert set(idp.tokens.clients) == {"gateway-pk"}
