@@ -7,7 +7,8 @@ listens. Every HTTP request must carry a JWT the authorization server signed (it
 - ``whoami``: the ``sub`` of the bearer token this very request carried;
 - ``identity``: the ``X-Satgate-Identity`` header as received ("" without one), for the test to verify;
 - ``sessions``: every ``Mcp-Session-Id`` seen with the subjects whose tokens came on it, and the 401s answered;
-- ``reject_my_token``: the bearer token of this request is refused from now on (the upstream revoked it).
+- ``reject_my_token``: the bearer token of this request is refused from now on (the upstream revoked it);
+- ``reject_me``: every token of this request's subject is refused from now on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 JsonObj = dict[str, Any]
-TOOLS = ("whoami", "identity", "sessions", "reject_my_token")
+TOOLS = ("whoami", "identity", "sessions", "reject_my_token", "reject_me")
 
 
 class Seen:
@@ -32,6 +33,7 @@ class Seen:
         self.sessions: dict[str, set[str]] = defaultdict(set)
         self.refused = 0
         self.rejected: set[str] = set()
+        self.rejected_subjects: set[str] = set()
 
 
 def bearer_guard(app: Any, jwks: jwt.PyJWKClient, issuer: str, audience: str, seen: Seen) -> Any:
@@ -47,7 +49,7 @@ def bearer_guard(app: Any, jwks: jwt.PyJWKClient, issuer: str, audience: str, se
             key = await asyncio.to_thread(jwks.get_signing_key_from_jwt, token)
             claims = jwt.decode(token, key.key, algorithms=["RS256", "ES256", "EdDSA"], issuer=issuer,
                                 audience=audience)
-            if claims.get("jti") in seen.rejected:
+            if claims.get("jti") in seen.rejected or claims.get("sub") in seen.rejected_subjects:
                 raise jwt.InvalidTokenError("revoked here")
         except jwt.PyJWTError:
             seen.refused += 1
@@ -81,6 +83,10 @@ def build_server(seen: Seen) -> Server[Any]:
         elif params.name == "reject_my_token":
             token = _header(ctx, "authorization").removeprefix("Bearer ")
             seen.rejected.add(str(jwt.decode(token, options={"verify_signature": False}).get("jti")))
+            text = "rejected"
+        elif params.name == "reject_me":
+            token = _header(ctx, "authorization").removeprefix("Bearer ")
+            seen.rejected_subjects.add(str(jwt.decode(token, options={"verify_signature": False}).get("sub")))
             text = "rejected"
         elif params.name == "identity":
             text = _header(ctx, "x-satgate-identity")

@@ -176,6 +176,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
                                       metrics=self._metrics, client_session_factory=self._factory,
                                       listen=self._listen_enabled)
         twin._discover_only = True
+        twin._lazy = False  # looked for with wait_settled: it connects in the background, as its owner
         return twin
 
 

@@ -208,6 +208,18 @@ async def test_an_upstream_401_drops_the_cached_token_and_retries_once(start: St
     assert json.loads(await gw.text(alice, session, "sessions", 7))["refused"] == 1
 
 
+async def test_a_second_401_fails_the_call_after_one_retry(start: StartGateway, idp: AuthServer) -> None:
+    gw = await start()
+    alice, bob = user_token(idp, "alice"), user_token(idp, "bob")
+    session = await gw.session(alice)
+    assert await gw.text(alice, session, "reject_me") == "rejected"  # every token of alice's, fresh ones too
+    status, body = await gw.call(alice, session, "whoami", 6)
+    assert status == 200
+    assert body["error"]["data"]["status"] == 401
+    assert idp.tokens.exchanged_for == ["alice", "alice"]  # the cached token, then one fresh one: no loop
+    assert await gw.text(bob, await gw.session(bob), "whoami", 7) == "bob"
+
+
 async def test_an_as_refusal_is_that_calls_error_and_leaks_nothing(start: StartGateway, idp: AuthServer) -> None:
     gw = await start()
     alice, bob = user_token(idp, "alice"), user_token(idp, "bob")
@@ -277,3 +289,23 @@ async def test_private_key_jwt_authenticates_the_gateway_without_a_shared_secret
     alice = user_token(idp, "alice")
     assert await gw.text(alice, await gw.session(alice), "whoami") == "alice"
     assert set(idp.tokens.clients) == {"gateway-pk"}
+
+
+async def test_stateless_callers_each_reach_the_upstream_as_themselves(start: StartGateway, idp: AuthServer) -> None:
+    """2026-07-28 clients (no session) through the same per-caller connections: each whoami answers its caller."""
+    gw = await start()
+    alice, bob = user_token(idp, "alice"), user_token(idp, "bob")
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
+
+    async def whoami(token: str, request_id: int) -> str:
+        resp = await gw.http.post("/mcp", data=json.dumps(jsonrpc.request_message(request_id, "tools/call", {
+            "name": "whoami", "arguments": {}, "_meta": meta})), headers={
+            "Accept": ACCEPT, "Content-Type": "application/json", "Authorization": f"Bearer {token}",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "whoami"})
+        body = decode_answer(resp.content_type, await resp.text())
+        assert "result" in body, body
+        return str(body["result"]["content"][0]["text"])
+
+    answers = await asyncio.gather(*(whoami(token, i) for i, token in enumerate([alice, bob] * 10)))
+    assert answers == ["alice", "bob"] * 10
