@@ -12,6 +12,7 @@ connection lists tools as the gateway itself (client credentials) and never carr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -23,10 +24,10 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
-from satgate_mcp.upstream.base import ProgressCallback
+from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback
 from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
 from satgate_mcp.upstream.http import HttpUpstream
-from satgate_mcp.upstream.identity import UpstreamAuth
+from satgate_mcp.upstream.identity import UpstreamAuth, refresh_in
 from satgate_mcp.upstream.isolated import IsolatedUpstream
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey
 from satgate_mcp.upstream.token_client import TokenClient
@@ -80,6 +81,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
         self._callers = callers
         self._lazy = callers
         self._token_session = token_session
+        self._refresher: asyncio.Task[None] | None = None
         #: What requests outside any call carry (the handshake in the background, the listen stream, DELETE).
         self._background: dict[str, str] = {}
 
@@ -111,7 +113,28 @@ class AuthorizedHttpUpstream(HttpUpstream):
                 return False
         return False
 
+    async def start(self, on_notification: NotificationCallback) -> None:
+        await super().start(on_notification)
+        if not self._callers and self._refresher is None:
+            self._refresher = asyncio.create_task(self._keep_own_token(), name=f"upstream-token-{self.name}")
+
+    async def _keep_own_token(self) -> None:
+        """The gateway's own token, fetched again as it nears expiry, so what runs outside any call (the listen
+        stream reopening, the background handshake) never carries an expired one."""
+        loop = asyncio.get_running_loop()
+        while not self._closing.is_set():
+            try:
+                self._background = await self._auth.headers(None)
+            except UpstreamUnavailable as exc:  # logged where it failed; the next call or this loop tries again
+                self._log.debug("upstream_token_refresh_failed", error=exc.message)
+            await self._pause(refresh_in(self._auth.own_token_expires(), loop.time(),
+                                         retry=min(30.0, self._spec.timeout)))
+
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
         await super().close()
         if self._token_session is not None:
             await self._token_session.close()

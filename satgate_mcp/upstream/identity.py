@@ -49,6 +49,15 @@ def usable(entry: CachedToken | None, origin: bytes | None, now: float) -> bool:
     return entry is not None and entry.origin == origin and is_fresh(entry.expires_at, now)
 
 
+def refresh_in(expires_at: float | None, now: float, *, retry: float, margin: float = REFRESH_MARGIN) -> float:
+    """Seconds until the gateway's own token is fetched again: as it enters the margin, or ``retry`` after a failure.
+
+    At least one second, so a server that issues tokens shorter-lived than the margin is not asked in a loop."""
+    if expires_at is None:
+        return retry
+    return max(1.0, expires_at - margin - now)
+
+
 def sends_identity(forward_identity: bool, has_caller: bool) -> bool:
     """The signed identity header goes with a client's call only: the gateway's own requests name nobody."""
     return forward_identity and has_caller
@@ -100,6 +109,10 @@ class TokenCache:
             del self._flights[flight_key]
         if not task.cancelled():
             task.exception()  # retrieved: a refusal nobody awaited any more is not "never retrieved"
+
+    def expires_at(self, key: CacheKey) -> float | None:
+        entry = self._entries.get(key)
+        return entry.expires_at if entry is not None else None
 
     def drop(self, key: CacheKey, value: str) -> bool:
         """Forget ``key``'s token if it is still ``value`` (the upstream refused it); a newer one stays."""
@@ -162,6 +175,10 @@ class UpstreamAuth:
                                      audience=self._audience, now=self._wall())
             headers[IDENTITY_HEADER] = self._identity_key.sign(claims)
         return headers
+
+    def own_token_expires(self) -> float | None:
+        """When the gateway's own cached token expires (monotonic seconds), None when none is cached."""
+        return self.cache.expires_at(self._key(None, "client_credentials"))
 
     def forget(self, caller: CallerCredential | None, headers: dict[str, str]) -> bool:
         """The upstream refused the token in ``headers``: the next request fetches another."""

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from satgate_mcp.upstream.authorized import merged_headers
-from satgate_mcp.upstream.identity import CachedToken, TokenCache, grant_for, is_fresh, sends_identity, usable
+from satgate_mcp.upstream.identity import (
+    CachedToken,
+    TokenCache,
+    grant_for,
+    is_fresh,
+    refresh_in,
+    sends_identity,
+    usable,
+)
 from satgate_mcp.upstream.token_client import (
     ACCESS_TOKEN_TYPE,
     TOKEN_EXCHANGE_GRANT,
@@ -42,6 +50,15 @@ def test_which_grant(auth_type: str, has_caller: bool, grant: str) -> None:
 ])
 def test_a_token_is_fresh_until_thirty_seconds_before_expiry(expires_at: float, now: float, fresh: bool) -> None:
     assert is_fresh(expires_at, now) is fresh
+
+
+@pytest.mark.parametrize(("expires_at", "now", "wait"), [
+    pytest.param(1000.0, 0.0, 970.0, id="as-it-enters-the-margin"),
+    pytest.param(1000.0, 980.0, 1.0, id="already-in-the-margin-soon-not-at-once"),
+    pytest.param(None, 0.0, 30.0, id="none-cached-retry"),
+])
+def test_when_the_gateways_own_token_is_fetched_again(expires_at: float | None, now: float, wait: float) -> None:
+    assert refresh_in(expires_at, now, retry=30.0) == wait
 
 
 ALICE, BOB = b"a" * 32, b"b" * 32
