@@ -20,6 +20,7 @@ from aiohttp.typedefs import Middleware
 from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.auth.revocation import RevocationStore
 from satgate_mcp.contracts import Policy, Pool
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
@@ -104,9 +105,8 @@ def create_app(
         built = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, stores=stores)
         app.cleanup_ctx.append(_closing(built.close))
         policy = built
-    app[POOL] = pool or UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
-                                     idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval,
-                                     clock=clock, identity_key=settings.identity_signing_key)
+    app[POOL] = pool or _pool(settings, publisher, metrics, clock,
+                              getattr(authenticator, "revocations", stores.revocations))
     app.cleanup_ctx.append(_upstreams)
     registry = app[REGISTRY] = SessionRegistry(
         cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
@@ -130,6 +130,15 @@ def create_app(
     app[RESUMES_SESSIONS] = gate.resumes_sessions
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
+
+
+def _pool(settings: Settings, publisher: Publisher, metrics: Metrics, clock: Callable[[], float],
+          revocations: RevocationStore) -> UpstreamPool:
+    """The upstreams from settings; the revocations the authenticator checks also drop a revoked caller's upstream
+    tokens."""
+    return UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics, idle_ttl=settings.session_idle_ttl,
+                        sweep_interval=settings.sweep_interval, clock=clock,
+                        identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked)
 
 
 def _middlewares(settings: Settings, metrics: Metrics, *, traced: bool) -> list[Middleware]:

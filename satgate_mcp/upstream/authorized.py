@@ -27,7 +27,7 @@ from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback
 from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
 from satgate_mcp.upstream.http import HttpUpstream
-from satgate_mcp.upstream.identity import UpstreamAuth, refresh_in
+from satgate_mcp.upstream.identity import RevocationCheck, UpstreamAuth, refresh_in
 from satgate_mcp.upstream.isolated import IsolatedUpstream
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey
 from satgate_mcp.upstream.token_client import TokenClient
@@ -215,20 +215,41 @@ class AuthorizedIsolated(IsolatedUpstream):
 
     token_session: TokenSession
     auth: UpstreamAuth
+    #: The revocation store's question: a swept caller whose token was revoked loses its cached upstream tokens.
+    is_revoked: RevocationCheck | None = None
+    _revocation_sweep: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        if self._revocation_sweep is not None:
+            self._revocation_sweep.cancel()
         await super().close()
         await self.token_session.close()
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """Idle connections go, and so do the tokens no call can use any more."""
+        """Idle connections go, and so do the tokens no call can use any more: expired, or a revoked caller's."""
         self.auth.cache.sweep()
+        if self.is_revoked is not None and (self._revocation_sweep is None or self._revocation_sweep.done()):
+            self._revocation_sweep = asyncio.create_task(self.drop_revoked(self.is_revoked))
         return super().sweep(now)
+
+    async def revocations_swept(self) -> None:
+        """Until the revocation sweep the last ``sweep`` started is done (tests await this instead of sleeping)."""
+        if self._revocation_sweep is not None:
+            await self._revocation_sweep
+
+    async def drop_revoked(self, is_revoked: RevocationCheck) -> None:
+        try:
+            dropped = await self.auth.cache.drop_revoked(is_revoked)
+        except Exception as exc:  # a store fault: the next sweep asks again; the tokens stay unreachable meanwhile
+            self._log.warning("upstream_token_revocation_sweep_failed", error=type(exc).__name__)
+            return
+        if dropped:
+            self._log.info("upstream_tokens_dropped", reason="revoked", tokens=dropped)
 
 
 def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity_key: SigningKey | None, publisher: Publisher,
-                    metrics: Metrics, idle_ttl: float, clock: Callable[[], float] = time.monotonic
-                    ) -> AuthorizedHttpUpstream | AuthorizedIsolated:
+                    metrics: Metrics, idle_ttl: float, clock: Callable[[], float] = time.monotonic,
+                    is_revoked: RevocationCheck | None = None) -> AuthorizedHttpUpstream | AuthorizedIsolated:
     """The connection(s) for an upstream with ``"auth"``: one shared, or one per caller under a catalogue."""
     sessions = TokenSession()
     auth = upstream_auth(name, spec, identity_key, sessions)
@@ -243,5 +264,5 @@ def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity_key: SigningK
     isolated = AuthorizedIsolated(name, spec, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock,
                                   factory=lambda label: connection(CREDENTIAL.get(), True),
                                   catalogue=connection(None, False), isolation="token")
-    isolated.token_session, isolated.auth = sessions, auth
+    isolated.token_session, isolated.auth, isolated.is_revoked = sessions, auth, is_revoked
     return isolated

@@ -30,6 +30,8 @@ REFRESH_MARGIN = 30.0
 MAX_CACHED = 10_000
 
 Grant = Literal["token_exchange", "client_credentials"]
+#: Whether a token id (or subject) is revoked: the revocation store's question, handed down by the app.
+RevocationCheck = Callable[[str], Awaitable[bool]]
 #: (subject, upstream, scope): "" as the subject for the gateway's own token.
 CacheKey = tuple[str, str, str]
 
@@ -69,6 +71,8 @@ class CachedToken:
     expires_at: float
     #: SHA-256 of the caller token it was exchanged for; None for the gateway's own token.
     origin: bytes | None = field(repr=False)
+    #: The caller's token id and subject: revoking either drops the token (none for the gateway's own).
+    owners: tuple[str, ...] = ()
 
 
 class TokenCache:
@@ -83,23 +87,25 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: CacheKey, origin: bytes | None, fetch: Callable[[], Awaitable[IssuedToken]]) -> str:
+    async def get(self, key: CacheKey, origin: bytes | None, fetch: Callable[[], Awaitable[IssuedToken]],
+                  owners: tuple[str, ...] = ()) -> str:
         entry = self._entries.get(key)
         if usable(entry, origin, self._clock()):
             assert entry is not None
             return entry.value
         flight = self._flights.get((key, origin))
         if flight is None:
-            flight = asyncio.ensure_future(self._fetch(key, origin, fetch))
+            flight = asyncio.ensure_future(self._fetch(key, origin, fetch, owners))
             self._flights[(key, origin)] = flight
             flight.add_done_callback(partial(self._landed, (key, origin)))
         # Shielded: a caller that gives up does not cancel the fetch the others wait for.
         return await asyncio.shield(flight)
 
-    async def _fetch(self, key: CacheKey, origin: bytes | None, fetch: Callable[[], Awaitable[IssuedToken]]) -> str:
+    async def _fetch(self, key: CacheKey, origin: bytes | None, fetch: Callable[[], Awaitable[IssuedToken]],
+                     owners: tuple[str, ...]) -> str:
         issued = await fetch()
         self._entries.pop(key, None)  # re-inserted last: the oldest entry is the first in the dict
-        self._entries[key] = CachedToken(issued.value, self._clock() + issued.expires_in, origin)
+        self._entries[key] = CachedToken(issued.value, self._clock() + issued.expires_in, origin, owners)
         while len(self._entries) > self._cap:
             self._entries.pop(next(iter(self._entries)))
         return issued.value
@@ -122,12 +128,18 @@ class TokenCache:
         del self._entries[key]
         return True
 
-    def drop_subject(self, subject: str) -> int:
-        """Forget every token obtained for ``subject`` (its gateway token was revoked)."""
-        keys = [key for key in self._entries if key[0] == subject]
-        for key in keys:
-            del self._entries[key]
-        return len(keys)
+    async def drop_revoked(self, is_revoked: RevocationCheck) -> int:
+        """Forget every token obtained for a caller whose token id or subject is revoked now; how many."""
+        doomed = []
+        for key, entry in list(self._entries.items()):
+            for owner in entry.owners:
+                if await is_revoked(owner):
+                    doomed.append((key, entry))
+                    break
+        for key, entry in doomed:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+        return len(doomed)
 
     def sweep(self, now: float | None = None) -> int:
         """Forget the tokens no call can use any more; how many."""
@@ -164,7 +176,8 @@ class UpstreamAuth:
         if grant == "token_exchange":
             assert caller is not None
             token = await self.cache.get(self._key(caller, grant), caller.digest,
-                                         partial(self.client.exchange, caller.token))
+                                         partial(self.client.exchange, caller.token),
+                                         tuple(dict.fromkeys((caller.token_id, caller.subject))))
         else:
             token = await self.cache.get(self._key(caller, grant), None, self.client.client_credentials)
         headers = {"Authorization": f"Bearer {token}"}

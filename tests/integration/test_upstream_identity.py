@@ -32,9 +32,11 @@ from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.keys import INFLIGHT
+from satgate_mcp.keys import INFLIGHT, POOL
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.memory import MemoryRevocationStore
+from satgate_mcp.upstream.authorized import AuthorizedIsolated
+from satgate_mcp.upstream.pool import UpstreamPool
 from tests.answers import decode_answer
 from tests.conftest import HttpUpstreamProcess
 from tests.fakes import AllowAllPolicy
@@ -196,6 +198,23 @@ async def test_a_revoked_tokens_upstream_token_is_not_used_again(start: StartGat
     second = user_token(idp, "alice", extra={"jti": "alice-phone"})
     assert await gw.text(second, await gw.session(second), "whoami") == "alice"
     assert idp.tokens.exchanged_for == ["alice", "alice"]  # the revoked token's exchange was not reused
+
+
+async def test_revoking_a_caller_drops_its_cached_upstream_tokens_at_the_next_sweep(start: StartGateway,
+                                                                                    idp: AuthServer) -> None:
+    gw = await start()
+    alice = user_token(idp, "alice")
+    assert await gw.text(alice, await gw.session(alice), "whoami") == "alice"
+    pool = gw.http.app[POOL]
+    assert isinstance(pool, UpstreamPool)
+    files = pool.isolated("files")
+    assert isinstance(files, AuthorizedIsolated)
+    assert files.auth.cache.expires_at(("alice", "files", "")) is not None
+    await gw.revoked.revoke("alice")
+    files.sweep()
+    await files.revocations_swept()
+    assert files.auth.cache.expires_at(("alice", "files", "")) is None
+    assert files.auth.cache.expires_at(("", "files", "")) is not None  # the gateway's own token stays
 
 
 async def test_an_upstream_401_drops_the_cached_token_and_retries_once(start: StartGateway, idp: AuthServer) -> None:

@@ -198,3 +198,18 @@ def test_drop_only_forgets_the_token_that_was_refused() -> None:
     assert not cache.drop(("s", "u", ""), "old")
     assert cache.drop(("s", "u", ""), "new")
     assert len(cache) == 0
+
+
+async def test_a_revoked_callers_tokens_are_dropped_and_no_one_elses() -> None:
+    cache = TokenCache(clock=lambda: 0.0)
+    cache._entries[("alice", "u", "")] = CachedToken("ta", 100.0, ALICE, ("alice",))
+    cache._entries[("bob", "u", "")] = CachedToken("tb", 100.0, BOB, ("bob",))
+    cache._entries[("", "u", "")] = CachedToken("gw", 100.0, None)
+
+    async def revoked(token_id: str) -> bool:
+        return token_id == "alice"
+
+    assert await cache.drop_revoked(revoked) == 1
+    assert cache.expires_at(("alice", "u", "")) is None
+    assert cache.expires_at(("bob", "u", "")) == 100.0
+    assert cache.expires_at(("", "u", "")) == 100.0
