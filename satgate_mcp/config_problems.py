@@ -259,7 +259,8 @@ def _model_line(err: ErrorDetails) -> str:
     if not m:
         return f"invalid configuration: {message}"
     var, rest = m.groups()
-    example = setting_example(var.removeprefix(ENV_PREFIX).lower())
+    # One upstream's problem says what to change in it; the variable's generic example would be another spec.
+    example = None if rest.startswith("upstream ") else setting_example(var.removeprefix(ENV_PREFIX).lower())
     return f"invalid {var}: {rest}" + (f"; e.g. {var}={example}" if example else "")
 
 

@@ -69,6 +69,13 @@ def test_refused_at_start_in_one_line(auth: dict[str, Any], values: dict[str, An
     assert "s3cret-value" not in line
 
 
+def test_a_mode_problem_names_the_upstream_and_offers_no_unrelated_example() -> None:
+    line = problem({"type": "token_exchange", **BASE}, **HEADER)
+    assert line.startswith('invalid SATGATE_UPSTREAMS: upstream "files": "auth": {"type": "token_exchange"} needs '
+                           "SATGATE_AUTH_MODE=oauth")
+    assert "e.g." not in line
+
+
 def test_a_secret_written_inline_is_never_echoed() -> None:
     line = problem({"type": "client_credentials", **BASE, "client_secret": "hunter2-inline"})
     assert "hunter2-inline" not in line
