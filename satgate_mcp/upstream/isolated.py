@@ -54,7 +54,6 @@ RESOURCE_UPDATED = "notifications/resources/updated"
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
-
 class IsolatedChild(Upstream, Protocol):
     """One owner's connection: a stdio child, or an HTTP connection with its own upstream session."""
 
