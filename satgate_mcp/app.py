@@ -21,6 +21,7 @@ from aiohttp.typedefs import Middleware
 from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.auth.revocation import RevocationStore
 from satgate_mcp.contracts import Policy, Pool
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
@@ -47,7 +48,7 @@ from satgate_mcp.policy.rules import Effect
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import Stores, open_stores
-from satgate_mcp.transport import health, oauth
+from satgate_mcp.transport import health, jwks, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.listen import Listeners, Notice, fan_out
@@ -153,9 +154,8 @@ def create_app(
         built = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, stores=stores)
         app.cleanup_ctx.append(_closing(built.close))
         policy = built
-    app[POOL] = pool or UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics,
-                                     idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval,
-                                     clock=clock)
+    app[POOL] = pool or _pool(settings, publisher, metrics, clock,
+                              getattr(authenticator, "revocations", stores.revocations))
     pins = _pinned_upstreams(app, stores, publisher, metrics)
     registry = app[REGISTRY] = SessionRegistry(
         cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
@@ -179,6 +179,15 @@ def create_app(
     app[RESUMES_SESSIONS] = gate.resumes_sessions
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
+
+
+def _pool(settings: Settings, publisher: Publisher, metrics: Metrics, clock: Callable[[], float],
+          revocations: RevocationStore) -> UpstreamPool:
+    """The upstreams from settings; the revocations the authenticator checks also drop a revoked caller's upstream
+    tokens."""
+    return UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics, idle_ttl=settings.session_idle_ttl,
+                        sweep_interval=settings.sweep_interval, clock=clock,
+                        identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked)
 
 
 def _middlewares(settings: Settings, metrics: Metrics, *, traced: bool) -> list[Middleware]:
@@ -219,6 +228,8 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     app.on_shutdown.append(end_listen_streams)
     LegacySseTransport(checks, gate, runner, dispatcher, hub).add_routes(app)
     health.add_routes(app)
+    if (identity_key := settings.identity_signing_key) is not None:
+        jwks.add_routes(app, identity_key)  # upstreams verify the identity the gateway forwards with it
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())

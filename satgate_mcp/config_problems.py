@@ -67,6 +67,7 @@ SETTING_EXAMPLES: dict[str, str] = {
     "redis_url": "redis://127.0.0.1:6379/0",
     "state_dir": "/var/lib/satgate-mcp",
     "log_format": "json",
+    "identity_key": "/etc/satgate-mcp/identity-ed25519.pem",
 }
 
 #: Per upstream spec field: what it must be, and a working ``"field": value`` pair.
@@ -85,11 +86,14 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "headers": ("a JSON object of strings (HTTP headers sent upstream)", '"headers": {"Authorization": "Bearer ..."}'),
     "breaker": ('a JSON object with "failures", "backoff", "max_backoff", "jitter"',
                 '"breaker": {"failures": 5, "backoff": 1, "max_backoff": 60}'),
+    "auth": ('a JSON object with "type": "token_exchange" or "client_credentials"',
+             '"auth": {"type": "client_credentials", "token_endpoint": "https://idp.example.com/token", '
+             '"client_id": "gateway", "client_secret_env": "GATEWAY_CLIENT_SECRET"}'),
 }
 
 _SPEC_MODELS: dict[str, type[BaseModel]] = {"stdio": StdioUpstreamSpec, "http": HttpUpstreamSpec}
 #: Upstream spec fields whose values may be credentials: never echoed.
-_SECRET_SPEC_FIELDS = frozenset({"env", "headers"})
+_SECRET_SPEC_FIELDS = frozenset({"env", "headers", "auth"})
 #: Settings whose values may carry credentials without being ``SecretStr`` (``redis://:password@host``).
 _SECRET_SETTINGS = frozenset({"redis_url"})
 _ECHO_LIMIT = 60
@@ -240,7 +244,8 @@ def _spec_problem(err: ErrorDetails, loc: Sequence[str]) -> tuple[str, str]:
         return f'missing "{field}"' + (f": expected {what}" if what else ""), _spec_example(name, transport == "http")
     if kind == "value_error":
         message = _message(err)
-        return (message if message.startswith(f'"{field}"') else f'"{field}": {message}'), field_example
+        label = f"{field}.{loc[4]}" if field == "auth" and len(loc) > 4 else field  # "auth": the field inside it
+        return (message if message.startswith(f'"{field}"') else f'"{label}": {message}'), field_example
     if len(loc) > 3:  # one entry of a list or object field: ``command`` entry 1, ``env`` entry "A"
         entry = f'"{field}" entry {json.dumps(loc[3]) if field in _SECRET_SPEC_FIELDS else loc[3]}'
         must = _expected(err) or "valid"
@@ -257,7 +262,8 @@ def _model_line(err: ErrorDetails) -> str:
     if not m:
         return f"invalid configuration: {message}"
     var, rest = m.groups()
-    example = setting_example(var.removeprefix(ENV_PREFIX).lower())
+    # One upstream's problem says what to change in it; the variable's generic example would be another spec.
+    example = None if rest.startswith("upstream ") else setting_example(var.removeprefix(ENV_PREFIX).lower())
     return f"invalid {var}: {rest}" + (f"; e.g. {var}={example}" if example else "")
 
 

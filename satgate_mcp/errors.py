@@ -40,6 +40,19 @@ class UpstreamUnavailable(GatewayError):
         self.sent = sent
 
 
+class UpstreamAuthFailed(UpstreamUnavailable):
+    """The upstream's authorization server refused (or could not give) the credential this call needs upstream.
+
+    ``data.error = "upstream_auth_failed"`` with the upstream's name and the server's own ``error`` code
+    (``oauth_error``), never its body or any secret. Nothing was sent upstream, so the call is refunded.
+    """
+
+    def __init__(self, upstream: str, oauth_error: str, message: str) -> None:
+        super().__init__(message, {"error": "upstream_auth_failed", "upstream": upstream, "oauth_error": oauth_error},
+                         sent=False)
+        self.oauth_error = oauth_error
+
+
 class UpstreamTimeout(GatewayError):
     """The upstream did not answer within its configured timeout."""
 

@@ -21,6 +21,8 @@ from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
 from satgate_mcp.settings_breaker import BreakerSpec
 from satgate_mcp.settings_governance import GovernanceSettings
+from satgate_mcp.settings_identity import IdentitySettings
+from satgate_mcp.upstream_auth_spec import UpstreamAuthSpec, upstream_auth_problem
 
 ENV_PREFIX = "SATGATE_"
 MIN_ROOT_KEY_LENGTH = 32
@@ -82,6 +84,8 @@ class HttpUpstreamSpec(BaseModel):
     max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1)
     #: When calls stop going to an upstream that keeps failing (docs/upstreams.md).
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+    #: How the gateway authenticates upstream as an OAuth client (upstream_auth_spec.py); None: ``headers`` only.
+    auth: UpstreamAuthSpec | None = None
 
     @field_validator("isolation")
     @classmethod
@@ -113,7 +117,7 @@ ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "co
                        "soft": "control"}
 
 
-class Settings(GovernanceSettings):
+class Settings(GovernanceSettings, IdentitySettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8",
                                       env_ignore_empty=True)
 
@@ -318,6 +322,9 @@ class Settings(GovernanceSettings):
             raise ValueError("SATGATE_STATIC_TOKEN is required when SATGATE_AUTH_MODE=config")
         if self.auth_mode == "oauth":
             self._oauth_requirements()
+        auths = {n: s.auth for n, s in self.upstreams.items() if isinstance(s, HttpUpstreamSpec)}
+        if problem := upstream_auth_problem(self.auth_mode, self.identity_key is not None, auths):
+            raise ValueError(problem)
         return self
 
     def _oauth_requirements(self) -> None:

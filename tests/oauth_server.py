@@ -35,6 +35,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from tests.oauth_token_endpoint import TokenEndpoint
+
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
 
@@ -126,6 +128,8 @@ class AuthServer:
         self.requests: list[str] = []
         self._keys: dict[str, _Key] = {}
         self._current: dict[str, str] = {}
+        #: The token endpoint (token exchange, client credentials): register clients on it, make it refuse.
+        self.tokens = TokenEndpoint(self)
         self._runner: web.AppRunner | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
@@ -160,7 +164,7 @@ class AuthServer:
             app.router.add_get(self.oidc_path, self._metadata)
         app.router.add_get("/jwks", self._jwks)
         app.router.add_route("*", self.path + "/authorize", self._not_implemented)
-        app.router.add_route("*", self.path + "/token", self._not_implemented)
+        app.router.add_post(self.path + "/token", self.tokens.handle)
         return app
 
     async def start(self) -> None:
@@ -211,9 +215,10 @@ class AuthServer:
             "authorization_endpoint": self.issuer + "/authorize",
             "token_endpoint": self.issuer + "/token",
             "response_types_supported": ["code"],
-            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
+            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials",
+                                      "urn:ietf:params:oauth:grant-type:token-exchange"],
             "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": ["none", "client_secret_basic"],
+            "token_endpoint_auth_methods_supported": ["none", "client_secret_basic", "private_key_jwt"],
             "scopes_supported": ["openid", "tools:read", "tools:call", "admin"],
             "id_token_signing_alg_values_supported": list(SUPPORTED_ALGS),
             "subject_types_supported": ["public"],

@@ -30,7 +30,7 @@ import pytest
 
 from satgate_mcp.daemon.children import child_pids
 from satgate_mcp.policy.rules import Effect, compile_rules, parse_text
-from satgate_mcp.settings import Settings, known_variables
+from satgate_mcp.settings import HttpUpstreamSpec, Settings, known_variables
 from scripts.check_install import SUPPORTED, TEST_COMMAND, readme_install_block
 from tests.gateway_process import REPO, base_env, free_port
 from tests.policy.readme_policy import readme_policy
@@ -97,6 +97,12 @@ CLAIMS: dict[str, Claim] = {
     "policy": Claim("yaml", "github-repo-outside-org", "test_the_policy_example_is_what_the_policy_tests_judge_by",
                     not_run="a file, not a command: tests/policy/test_policy_rules.py judges calls by this very text "
                             "and tests/integration/test_policy_gateway.py serves it"),
+    "token exchange": Claim("sh", '"type":"token_exchange"', "test_upstream_identity_examples_load",
+                            not_run="needs an authorization server and an upstream that verifies tokens: "
+                                    "tests/integration/test_upstream_identity.py runs the mode against real ones"),
+    "client credentials": Claim("sh", '"type":"client_credentials"', "test_upstream_identity_examples_load",
+                                not_run="needs an authorization server and an upstream that verifies tokens: "
+                                        "tests/integration/test_upstream_identity.py runs the mode against real ones"),
 }
 
 
@@ -298,6 +304,30 @@ def test_the_readme_names_only_settings_that_exist() -> None:
     """A SATGATE_ name in the README that nothing reads would be a setting the user sets in vain."""
     named = set(re.findall(r"SATGATE_[A-Z][A-Z_]*", readme()))
     assert named - known_variables() == set()
+
+
+@pytest.mark.parametrize("name", ["token exchange", "client credentials"])
+def test_upstream_identity_examples_load(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each "auth" example is a configuration the gateway accepts as written (generated secrets made here)."""
+    generated = {"SATGATE_ROOT_KEY": "r" * 48, "SATGATE_IDENTITY_KEY": _ed25519_pem()}
+    for line in commands(block(name)):
+        words = shlex.split(line)
+        if words[0] == "export":
+            variable, _, value = words[1].partition("=")
+            monkeypatch.setenv(variable, generated[variable] if "$(" in line else value)
+    settings = Settings(state_dir="memory")
+    (upstream,) = settings.upstreams.values()
+    assert isinstance(upstream, HttpUpstreamSpec)
+    assert upstream.auth is not None
+    assert upstream.auth.type == name.replace(" ", "_")
+
+
+def _ed25519_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    return ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
 
 
 def test_claude_code_is_told_the_gateways_endpoint() -> None:

@@ -78,7 +78,8 @@ class Identity:
     tool_scopes: Mapping[str, str] | None = field(default=None, compare=False)
     #: OAuth only: the client the token was issued to (``azp`` or ``client_id``), for the record.
     client_id: str | None = None
-    #: OAuth only: who the token speaks for (the ``sub`` claim), for policy rules and the record.
+    #: OAuth only: who the token speaks for (the ``sub`` claim; the token id may come from another claim), for policy
+    #: rules, the record and upstreams told who calls.
     subject: str | None = field(default=None, compare=False)
     #: OAuth only: the verified access token's claims, as policy rules read them (``token.claims``). Not compared:
     #: two identities equal in every other field are the same caller to sessions and caches.

@@ -16,13 +16,14 @@ from functools import partial
 from aiohttp import web
 
 from satgate_mcp import events, jsonrpc
-from satgate_mcp.auth.base import Authenticator, Identity
+from satgate_mcp.auth.base import Authenticator, Identity, bearer_from_header
 from satgate_mcp.events import Publisher
 from satgate_mcp.keys import CLOSE_CONNECTION, TOKEN_ID
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Refusal
+from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
 
 #: Distinct (Host, Origin) pairs whose verdict is kept: a client chooses them, so the cache is bounded.
 HOST_ORIGIN_CACHE = 256
@@ -91,10 +92,16 @@ class RequestChecks:
 
     async def principal(self, request: web.Request) -> Principal | Refusal:
         """The one place a credential is verified."""
-        result = await self._auth.authenticate(request.headers.get("Authorization"))
+        authorization = request.headers.get("Authorization")
+        result = await self._auth.authenticate(authorization)
         if result.ok and result.identity is not None:
-            request[TOKEN_ID] = result.identity.token_id
-            return Principal(result.token, result.identity)
+            identity = result.identity
+            request[TOKEN_ID] = identity.token_id
+            # The handler's context from here on: an upstream whose auth is per caller finds the bearer there
+            # (``result.token`` is what a session binds to, in OAuth mode not the bearer itself).
+            CREDENTIAL.set(CallerCredential(bearer_from_header(authorization) or "", identity.token_id,
+                                            identity.subject or identity.token_id, identity.tenant))
+            return Principal(result.token, identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.
         named: dict[str, str] = {"token_id": result.identity.token_id} if result.identity is not None else {}

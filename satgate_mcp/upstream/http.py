@@ -280,7 +280,7 @@ class HttpUpstream(HttpChannel):
 
     async def _delete_session(self) -> None:
         assert self._http is not None
-        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+        headers = request_headers(self._configured_headers(), accept=JSON_AND_SSE, session_id=self._session_id,
                                   protocol_version=self._protocol_version, json_body=False)
         try:
             async with asyncio.timeout(2.0), self._http.delete(self._spec.url, headers=headers) as resp:
@@ -312,7 +312,7 @@ class HttpUpstream(HttpChannel):
         http = self._http
 
         def open_stream() -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
-            headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=session_id,
+            headers = request_headers(self._configured_headers(), accept="text/event-stream", session_id=session_id,
                                       protocol_version=self._protocol_version, json_body=False)
             return http.get(self._spec.url, headers=headers)
 

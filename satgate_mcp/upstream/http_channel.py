@@ -9,6 +9,7 @@ comes with the reply. What a lost connection means for the session is the subcla
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -41,13 +42,17 @@ class HttpChannel(UpstreamConnection[HttpUpstreamSpec]):
         self._session_id: str | None = None
         self._protocol_version: str | None = None
 
+    def _configured_headers(self) -> Mapping[str, str]:
+        """The operator's headers every request carries; an upstream with ``"auth"`` adds its credential per call."""
+        return self._spec.headers
+
     def _connection_lost(self, why: str) -> None:
         """The upstream could not be reached: the session layer (``HttpUpstream``) decides how to recover."""
         raise NotImplementedError
 
     def _headers(self, message: JsonObj) -> dict[str, str]:
         """A POST's headers: the session's in 2025; in 2026-07-28 (and for discovery) the routing ones, no session."""
-        headers = request_headers(self._spec.headers, accept=JSON_AND_SSE, session_id=self._session_id,
+        headers = request_headers(self._configured_headers(), accept=JSON_AND_SSE, session_id=self._session_id,
                                   protocol_version=self._protocol_version, json_body=True)
         if self._modern or message.get("method") == "server/discover":
             headers.pop("Mcp-Session-Id", None)
@@ -101,8 +106,9 @@ class HttpChannel(UpstreamConnection[HttpUpstreamSpec]):
         while fruitless < RESUME_ATTEMPTS:
             seen = decoder.last_id
             assert seen is not None
-            headers = request_headers(self._spec.headers, accept="text/event-stream", session_id=self._session_id,
-                                      protocol_version=self._protocol_version, json_body=False)
+            headers = request_headers(self._configured_headers(), accept="text/event-stream",
+                                      session_id=self._session_id, protocol_version=self._protocol_version,
+                                      json_body=False)
             headers["Last-Event-ID"] = seen
             async with self._http.get(self._spec.url, headers=headers) as resp:
                 if resp.status != 200 or resp.content_type != "text/event-stream":

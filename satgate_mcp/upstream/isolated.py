@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import structlog
 
@@ -31,13 +32,14 @@ from satgate_mcp.errors import GatewayError, UpstreamUnavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.settings import StdioUpstreamSpec
+from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import (
     CALLER,
     Caller,
     NotificationCallback,
     Origin,
     ProgressCallback,
+    Upstream,
     initialize_timeout,
 )
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
@@ -51,8 +53,16 @@ RESOURCE_UPDATED = "notifications/resources/updated"
 #: RFC 5424 severities as MCP names them, most verbose first (a child gets its owner's most verbose one).
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
+
+class IsolatedChild(Upstream, Protocol):
+    """One owner's connection: a stdio child, or an HTTP connection with its own upstream session."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+
 #: Builds one child connection; ``label`` ("catalogue" or the owner) is for its log lines.
-ChildFactory = Callable[[str], StdioUpstream]
+ChildFactory = Callable[[str], IsolatedChild]
 
 
 def owner_key(isolation: str, caller: Caller | None) -> str | None:
@@ -99,7 +109,7 @@ def no_client_refusal(name: str, method: str) -> JsonObj:
 @dataclass(eq=False)
 class _Child:
     key: str
-    upstream: StdioUpstream
+    upstream: IsolatedChild
     last_used: float
     inflight: int = 0
     #: Sessions that sent requests here: a ``token`` child is reaped once all of them have ended.
@@ -113,18 +123,22 @@ class _Child:
 class IsolatedUpstream:
     """The ``Upstream`` protocol over a catalogue child and one child per owner."""
 
-    def __init__(self, name: str, spec: StdioUpstreamSpec, *, publisher: Publisher, metrics: Metrics,
-                 idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
-                 factory: ChildFactory | None = None) -> None:
+    def __init__(self, name: str, spec: StdioUpstreamSpec | HttpUpstreamSpec, *, publisher: Publisher,
+                 metrics: Metrics, idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
+                 factory: ChildFactory | None = None, catalogue: IsolatedChild | None = None,
+                 isolation: str | None = None) -> None:
+        """An HTTP upstream whose auth is per caller passes its own ``factory``, ``catalogue`` and ``isolation``."""
         self.name = name
         self._spec = spec
-        self._isolation = spec.isolation
+        self._isolation = isolation or spec.isolation
         self._metrics = metrics
         self._idle_ttl = idle_ttl
         self._clock = clock
-        self._make = factory or (lambda label: StdioUpstream(name, spec, publisher=publisher, metrics=metrics,
-                                                             instance=label))
-        self._catalogue = self._make("catalogue")
+        if factory is None:
+            assert isinstance(spec, StdioUpstreamSpec)
+            factory = partial(_stdio_child, name, spec, publisher, metrics)
+        self._make = factory
+        self._catalogue = catalogue or self._make("catalogue")
         self._children: dict[str, _Child] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         #: owner -> session -> the level that session asked for (kept before the child exists, too).
@@ -264,7 +278,7 @@ class IsolatedUpstream:
         raise UpstreamUnavailable(f"upstream {self.name!r} could not start a child for this client",
                                   {"upstream": self.name}, sent=False)
 
-    async def _start_child(self, upstream: StdioUpstream, child: _Child | None = None) -> None:
+    async def _start_child(self, upstream: IsolatedChild, child: _Child | None = None) -> None:
         """Started outside the caller's context: the child's tasks outlive the request that spawned it."""
         if self._on_notification is None:
             raise RuntimeError("start() first")
@@ -357,3 +371,8 @@ class IsolatedUpstream:
         """Until every reaped child has exited (tests await this instead of sleeping)."""
         if self._stopping:
             await asyncio.gather(*list(self._stopping), return_exceptions=True)
+
+
+def _stdio_child(name: str, spec: StdioUpstreamSpec, publisher: Publisher, metrics: Metrics,
+                 label: str) -> StdioUpstream:
+    return StdioUpstream(name, spec, publisher=publisher, metrics=metrics, instance=label)
