@@ -21,11 +21,14 @@ from aiohttp.typedefs import Middleware
 from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
+from satgate_mcp.console.features import Features
+from satgate_mcp.console.wiring import Gateway, add_console
 from satgate_mcp.contracts import Policy, Pool
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
+    CONSOLE,
     INFLIGHT,
     METRICS,
     POLICY_FILE,
@@ -175,10 +178,22 @@ def create_app(
     if stores.shared_tombstones is not None:
         stores.shared_tombstones.on_remote_delete = gate.end_remote
         app[TOMBSTONES] = stores.shared_tombstones
-    app[INFLIGHT] = runner.limiter
-    app[RESUMES_SESSIONS] = gate.resumes_sessions
+    app[INFLIGHT], app[RESUMES_SESSIONS] = runner.limiter, gate.resumes_sessions
+    _console(app, authenticator, publisher, gate, pins, clock)
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
+
+
+def _console(app: web.Application, authenticator: Authenticator, publisher: Publisher, gate: SessionGate,
+             pins: PinGuard | None, clock: Callable[[], float]) -> None:
+    """The operator console (console/), on the parts above; off: not a route. Features built elsewhere (held
+    calls, the audit trail, circuit breakers) are connected through ``Features`` (console/features.py)."""
+    stores = app[STORES]
+    gateway = Gateway(app[SETTINGS], authenticator, app[REGISTRY], app[POOL], app[METRICS], stores, publisher,
+                      gate.delete_session, clock, app.get(POLICY_FILE), stores.pins if pins is not None else None)
+    parts = add_console(app, gateway, Features())
+    if parts is not None:
+        app[CONSOLE] = parts
 
 
 def _middlewares(settings: Settings, metrics: Metrics, *, traced: bool) -> list[Middleware]:

@@ -121,6 +121,11 @@ class UpstreamPool(UpstreamListings):
         """The upstreams down after a failed try, each with its last exit status and stderr line."""
         return {name: failure for name, u in self._upstreams.items() if (failure := u.last_failure) is not None}
 
+    def child_pids(self) -> dict[str, int | None]:
+        """Each upstream's running stdio child (the console shows it); None for HTTP or a child not running."""
+        return {name: pid if isinstance(pid := getattr(u, "pid", None), int) else None
+                for name, u in self._upstreams.items()}
+
     # -- isolated upstreams: a child per token or session ------------------------------------
 
     def isolated(self, name: str) -> IsolatedUpstream | None:
