@@ -152,5 +152,6 @@ class Api:
         else:
             filters = {k: v for k, v in request.query.items() if k in ("token_id", "tool", "decision", "action")}
             found["audit"] = {"enabled": True, "lines": await audit.tail(100, filters), "chain": await audit.verify()}
-        found["pins"] = await pins_or_none(self._parts)
+        pinned = await pins_or_none(self._parts)
+        found["pins"] = None if pinned is None else [views.pin_row(pin) for pin in pinned]
         return json_answer(found)

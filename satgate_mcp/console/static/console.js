@@ -203,7 +203,8 @@
       else {
         main.append(el("p", { class: "muted" }, `${data.policy.file}; default ${data.policy.default}`));
         main.append(table(["Rule", "Effect", "Tools", "When", "Decisions"], data.policy.rules.map((r) => [
-          r.name, r.effect, (r.tools || ["any"]).join(", "), mono(r.when || "always"), JSON.stringify(r.decisions)])));
+          r.name, r.effect, (r.tools || ["any"]).join(", "), mono(r.when || "always"),
+          Object.entries(r.decisions).map(([effect, n]) => `${effect}: ${n}`).join(", ") || "none"])));
       }
       main.append(el("h2", {}, "Audit trail"));
       if (!data.audit.enabled) main.append(off(data.audit));
@@ -214,13 +215,16 @@
 
   async function act(path, body, question) {
     if (!window.confirm(question)) return;
+    let message, bad = false;
     try {
       const done = await post(path, body);
-      say("Done: " + JSON.stringify(done));
+      message = "Done: " + Object.entries(done).map(([what, on]) => `${what} ${[].concat(on).join(", ")}`).join("; ");
     } catch (error) {
-      say("Refused: " + error.message, true);
+      message = "Refused: " + error.message;
+      bad = true;
     }
-    render();
+    await render();
+    say(message, bad);
   }
 
   function current() {
