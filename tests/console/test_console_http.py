@@ -211,3 +211,33 @@ async def test_ten_thousand_sessions_come_one_bounded_page_at_a_time(start: Star
     assert (await client.get("/console/api/sessions?limit=10000", headers=bearer)).status == 400
     found = await (await client.get(f"/console/api/sessions?q={body['items'][0]['id']}", headers=bearer)).json()
     assert found["matched"] == 1
+
+
+def test_the_console_adds_nothing_to_a_request_for_mcp() -> None:
+    """No middleware, no response hook: the console's checks run in its own handlers only."""
+    values: list[dict[str, Any]] = [{"auth_mode": "header", "root_key": KEY, "state_dir": "memory", "console": mode}
+                                    for mode in ("on", "off")]
+    apps = [create_app(Settings(**v), pool=FakePool(), publisher=RecordingPublisher()) for v in values]
+    on, off = ([getattr(m, "__qualname__", repr(m)) for m in app.middlewares] for app in apps)
+    assert on == off
+    assert len(apps[0].on_response_prepare) == len(apps[1].on_response_prepare)
+    mcp_routes = [[r.handler for r in app.router.routes() if r.resource is not None
+                   and r.resource.canonical == "/mcp"] for app in apps]
+    assert len(mcp_routes[0]) == len(mcp_routes[1])
+
+
+async def test_a_login_on_one_process_holds_on_another_with_the_same_root_key(start: Start) -> None:
+    first, second = await start(), await start()
+    await login(first, ADMIN)
+    cookie = first.session.cookie_jar.filter_cookies(first.make_url("/console"))[COOKIE_NAME].value
+    second.session.cookie_jar.update_cookies({COOKIE_NAME: cookie})
+    assert (await second.get("/console/api/me")).status == 200
+
+
+async def test_the_first_page_load_is_small(start: Start) -> None:
+    client = await start()
+    await login(client, ADMIN)
+    sizes = [len(await (await client.get(path)).read())
+             for path in ("/console", "/console/static/console.css", "/console/static/console.js",
+                          "/console/api/me", "/console/api/overview")]
+    assert sum(sizes) < 150 * 1024
