@@ -16,6 +16,7 @@ from satgate_mcp.console.gatekeeper import Admin
 from satgate_mcp.console.guard import admin_only, json_answer, json_body, secured
 from satgate_mcp.console.pages import record
 from satgate_mcp.console.parts import Parts
+from satgate_mcp.console.policy_explain import explain_call
 from satgate_mcp.console.reads import budgets, pins_or_none, policy_view, rate_refusals, upstreams_view
 from satgate_mcp.policy import pins as pin_rules
 
@@ -34,7 +35,7 @@ class Api:
                   ("POST", "upstreams/approve", self.approve_tool), ("GET", "tokens", self.tokens),
                   ("POST", "tokens/revoke", self.revoke), ("GET", "approvals", self.approvals),
                   ("POST", "approvals/approve", self.approve_call), ("POST", "approvals/deny", self.deny_call),
-                  ("GET", "policy", self.policy)]
+                  ("GET", "policy", self.policy), ("POST", "policy/explain", self.explain)]
         for method, path, handler in routes:
             app.router.add_route(method, f"/console/api/{path}", secured(settings, admin_only(gate, handler)))
 
@@ -143,6 +144,13 @@ class Api:
             return json_answer({"error": "no such held call"}, 404)
         await record(self._parts, admin, "approve_call" if approve else "deny_call", approval_id)
         return json_answer({"approved" if approve else "denied": approval_id})
+
+    async def explain(self, request: web.Request, admin: Admin) -> web.StreamResponse:
+        body = await json_body(request)
+        if body is None:
+            return json_answer({"error": "a JSON object: {\"token\", \"tool\", \"args\"}"}, 400)
+        status, answer = await explain_call(self._parts, body)
+        return json_answer(answer, status)
 
     async def policy(self, request: web.Request, admin: Admin) -> web.StreamResponse:
         found: dict[str, Any] = policy_view(self._parts)

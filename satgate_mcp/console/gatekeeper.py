@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from satgate_mcp.auth.base import Authenticator, bearer_from_header
+from satgate_mcp.auth.base import Authenticator, Identity, bearer_from_header
 from satgate_mcp.console import access
 from satgate_mcp.console.access import Denied, Rules
 from satgate_mcp.console.cookies import Sealed, new_csrf, open_cookie, seal
@@ -58,6 +58,13 @@ class Gatekeeper:
         if refused is not None:
             return refused
         return Admin(result.identity.token_id, "token", None, result.identity.expires_at)
+
+    async def identity_of(self, token: str) -> Identity | str:
+        """Any token, verified as ``/mcp`` would (for the policy explain form); why not, when it is refused."""
+        result = await self._authenticator.authenticate(f"Bearer {token}")
+        if not result.ok or result.identity is None:
+            return f"the token is refused ({result.outcome.value})"
+        return result.identity
 
     def cookie_for(self, presented: str, admin: Admin) -> tuple[str, float]:
         """The sealed cookie a login sets, and its expiry (at most 8 h, never past the token's)."""

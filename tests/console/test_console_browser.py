@@ -100,9 +100,20 @@ async def _every_view(page: Page) -> None:
     for view in VIEWS:
         await page.goto(page.url.split("#")[0] + f"#{view}")
         await expect(page.get_by_text(texts.get(view, "Sessions ("), exact=False).first).to_be_visible()
+        if view == "policy":
+            await _explain(page)
         await page.screenshot(path=str(SCREENSHOTS / f"{view}.png"))
     await page.goto(page.url.split("#")[0] + "#policy")
     await expect(page.get_by_role("cell", name="deny: 1")).to_be_visible()
+
+
+async def _explain(page: Page) -> None:
+    """The explain form: the same walk as `policy explain`, for a token and a call typed in."""
+    await page.get_by_label("Caller's token").fill(AGENT_2)
+    await page.get_by_label("Tool").fill("drop_table")
+    await page.get_by_label("Arguments (JSON)").fill('{"table": "users"}')
+    await page.get_by_role("button", name="Explain").click()
+    await expect(page.locator("#explain-out")).to_contain_text("decision: deny by keep-the-users-table")
 
 
 async def _approve_the_changed_tool(page: Page) -> None:

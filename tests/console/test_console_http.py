@@ -4,6 +4,7 @@ cookie, a cross-site POST, a POST without its CSRF token, a revoked admin, a Hos
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,22 @@ async def test_the_first_page_load_is_small(start: Start) -> None:
              for path in ("/console", "/console/static/console.css", "/console/static/console.js",
                           "/console/api/me", "/console/api/overview")]
     assert sum(sizes) < 150 * 1024
+
+
+async def test_explain_walks_the_rules_in_force_for_a_verified_token(start: Start, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"rules": [{"name": "no-secrets", "tools": ["secret_tool"], "effect": "deny",
+                                             "when": "token.id == 'agent-1'", "reason": "not for agents"}]}))
+    client = await start(policy_file=str(policy))
+    bearer = {"Authorization": f"Bearer {ADMIN}"}
+    answer = await client.post("/console/api/policy/explain", headers=bearer,
+                               json={"token": AGENT, "tool": "secret_tool", "args": {}})
+    body = await answer.json()
+    assert answer.status == 200, body
+    assert body["decision"]["rule"] == "no-secrets"
+    assert body["report"][-1] == "decision: deny by no-secrets: not for agents"
+    forged = await client.post("/console/api/policy/explain", headers=bearer,
+                               json={"token": AGENT + "x", "tool": "secret_tool"})
+    assert forged.status == 400
+    assert AGENT not in await forged.text()
+    assert (await client.get("/console/api/policy", headers=bearer)).status == 200

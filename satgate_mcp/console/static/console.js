@@ -205,6 +205,7 @@
         main.append(table(["Rule", "Effect", "Tools", "When", "Decisions"], data.policy.rules.map((r) => [
           r.name, r.effect, (r.tools || ["any"]).join(", "), mono(r.when || "always"),
           Object.entries(r.decisions).map(([effect, n]) => `${effect}: ${n}`).join(", ") || "none"])));
+        main.append(el("h2", {}, "Explain one call"), explainForm());
       }
       main.append(el("h2", {}, "Audit trail"));
       if (!data.audit.enabled) main.append(off(data.audit));
@@ -212,6 +213,27 @@
         table(["Line"], data.audit.lines.map((line) => [mono(JSON.stringify(line))])));
     },
   };
+
+  // The same walk as `satgate-mcp policy explain`: which rule decides a call, and why.
+  function explainForm() {
+    const field = (id, label, attrs) => [el("label", { for: id }, label), el("input", { id, autocomplete: "off", ...attrs })];
+    const out = el("pre", { class: "mono", id: "explain-out", "aria-live": "polite" });
+    const form = el("form", { class: "bar", id: "explain-form" },
+      ...field("explain-token", "Caller's token", { type: "password" }), ...field("explain-tool", "Tool", { type: "text" }),
+      ...field("explain-args", "Arguments (JSON)", { type: "text", value: "{}" }), el("button", { type: "submit" }, "Explain"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      try {
+        const args = JSON.parse(document.getElementById("explain-args").value || "{}");
+        const found = await post("policy/explain", { token: document.getElementById("explain-token").value,
+          tool: document.getElementById("explain-tool").value, args });
+        out.textContent = found.report.join("\n");
+      } catch (error) {
+        out.textContent = "Cannot explain: " + error.message;
+      }
+    });
+    return el("div", {}, form, out);
+  }
 
   async function act(path, body, question) {
     if (!window.confirm(question)) return;
