@@ -43,19 +43,22 @@ def chromium_path() -> str:
     return found
 
 
-def gateway_settings(tmp_path: Path) -> Settings:
+def gateway_settings(tmp_path: Path, sessions: int = 100) -> Settings:
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps(POLICY))
     values: dict[str, Any] = {
         "auth_mode": "header", "root_key": KEY, "state_dir": str(tmp_path / "state"), "tool_pinning": "enforce",
-        "policy_file": policy, "budgets": {"team-acme": 100},
+        "policy_file": policy, "budgets": {"team-acme": 100}, "session_cap": max(sessions, 10_000),
+        "sessions_per_token": sessions,
         "upstreams": {"demo": {"transport": "stdio", "command": upstream_command("--governance")}}}
     return Settings(**values)
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path) -> AsyncIterator[TestServer]:
-    server = TestServer(create_app(gateway_settings(tmp_path), publisher=AwaitablePublisher()), host="127.0.0.1")
+async def gateway(tmp_path: Path, sessions: int = 100) -> AsyncIterator[TestServer]:
+    """``sessions``: how many one token may hold (the paging test opens 10,000 directly in the registry)."""
+    server = TestServer(create_app(gateway_settings(tmp_path, sessions), publisher=AwaitablePublisher()),
+                        host="127.0.0.1")
     await server.start_server()
     try:
         yield server

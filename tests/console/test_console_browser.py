@@ -10,15 +10,18 @@ the view says held calls are off, and the test checks that.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestServer
+from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from playwright.async_api import Browser, Dialog, Page, expect
 
 from satgate_mcp import events
-from satgate_mcp.auth.macaroons import mint_token
-from satgate_mcp.keys import CONSOLE
+from satgate_mcp.auth.macaroons import mint_token, verify_token
+from satgate_mcp.keys import CONSOLE, REGISTRY
 from tests.console.browser import ADMIN, KEY, SCREENSHOTS, Watched, agent, chromium, gateway, log_in
 from tests.fakes import AwaitablePublisher
 
@@ -26,6 +29,7 @@ pytestmark = [pytest.mark.process, pytest.mark.browser]
 
 AGENT_1 = mint_token(KEY, "agent-1", tenant="acme", budget_id="team-acme")
 AGENT_2 = mint_token(KEY, "agent-2", tenant="globex")
+AGENT_3 = mint_token(KEY, "agent-3", tenant="globex")
 VIEWS = ("overview", "sessions", "upstreams", "tokens", "approvals", "policy")
 #: The first page load (page, stylesheet, script, the first API answers) stays under this.
 FIRST_LOAD_BYTES = 150 * 1024
@@ -42,25 +46,35 @@ async def _accept(dialog: Dialog) -> None:
 
 
 async def test_an_admin_sees_every_view_approves_a_changed_tool_and_revokes_an_agent(tmp_path: Path) -> None:
-    async with (gateway(tmp_path) as server, agent(str(server.make_url("")).rstrip("/"), AGENT_1, "claude-code") as one,
-                agent(str(server.make_url("")).rstrip("/"), AGENT_2, "cursor") as two):
+    async with gateway(tmp_path) as server:
         url = str(server.make_url("")).rstrip("/")
-        console = server.app[CONSOLE]
-        assert (await one.call_tool("echo", {"text": "hello"})).content[0].text == "hello"  # type: ignore[union-attr]
-        await two.call_tool("add", {"a": 1, "b": 2})
-        with pytest.raises(MCPError):
-            await one.call_tool("drop_table", {"table": "users"})  # refused by the policy rule
-        await two.call_tool("rug_pull", {"tool": "add", "title": "Add (now exfiltrates)"})
-        publisher = console.publisher
-        assert isinstance(publisher, AwaitablePublisher)
-        await publisher.first(events.TOOL_DEFINITION_CHANGED, SETTLE)  # the upstream re-listed: the pin changed
-        for _ in range(3):
-            await console.sampler.tick()
-        async with chromium() as browser:
-            await _admin_session(browser, url)
-        with pytest.raises(MCPError):
-            await one.call_tool("echo", {"text": "after revoke"})
-        assert (await two.call_tool("echo", {"text": "still here"})).content[0].text == "still here"  # type: ignore[union-attr]
+        async with (agent(url, AGENT_1, "claude-code") as one, agent(url, AGENT_2, "cursor") as two,
+                    agent(url, AGENT_3, "goose") as three):
+            await _with_agents(server, url, one, two, three)
+
+
+async def _with_agents(server: TestServer, url: str, one: ClientSession, two: ClientSession,
+                       three: ClientSession) -> None:
+    """Calls, a policy refusal and a rug pull by SDK agents; then the admin's browser; then what it did, as the
+    agents meet it: a revoked token and an ended session are refused, the third agent goes on."""
+    console = server.app[CONSOLE]
+    assert (await one.call_tool("echo", {"text": "hello"})).content[0].text == "hello"  # type: ignore[union-attr]
+    await two.call_tool("add", {"a": 1, "b": 2})
+    with pytest.raises(MCPError):
+        await one.call_tool("drop_table", {"table": "users"})  # refused by the policy rule
+    await two.call_tool("rug_pull", {"tool": "add", "title": "Add (now exfiltrates)"})
+    publisher = console.publisher
+    assert isinstance(publisher, AwaitablePublisher)
+    await publisher.first(events.TOOL_DEFINITION_CHANGED, SETTLE)  # the upstream re-listed: the pin changed
+    for _ in range(3):
+        await console.sampler.tick()
+    async with chromium() as browser:
+        await _admin_session(browser, url)
+    with pytest.raises(MCPError):
+        await one.call_tool("echo", {"text": "after revoke"})
+    with pytest.raises(MCPError):
+        await three.call_tool("echo", {"text": "after its session ended"})
+    assert (await two.call_tool("echo", {"text": "still here"})).content[0].text == "still here"  # type: ignore[union-attr]
 
 
 async def _admin_session(browser: Browser, url: str) -> None:
@@ -95,6 +109,10 @@ async def _every_view(page: Page) -> None:
     await page.get_by_label("Search sessions").fill("")
     await page.get_by_label("Search sessions").press("Enter")
     await expect(page.get_by_role("cell", name="agent-1")).to_be_visible()
+    row = page.get_by_role("row").filter(has=page.get_by_role("cell", name="agent-3", exact=True))
+    await row.get_by_role("button", name="End session").click()
+    await expect(page.get_by_role("status")).to_contain_text("Done: ended")
+    await expect(page.get_by_role("cell", name="agent-3", exact=True)).to_have_count(0)
     texts = {"overview": "Live sessions", "upstreams": "Tools and pins", "tokens": "team-acme",
              "approvals": "Held calls are off", "policy": "keep-the-users-table"}
     for view in VIEWS:
@@ -164,4 +182,25 @@ async def test_an_anonymous_visitor_an_ordinary_token_and_a_cross_site_form_are_
             await page.get_by_role("button", name="go").click()
         assert (await crossed.value).status in (401, 403)
         assert not await server.app[CONSOLE].stores.revocations.is_revoked("agent-2")
+        await context.close()
+
+
+async def test_ten_thousand_live_sessions_render_in_under_a_second_one_page_at_a_time(tmp_path: Path) -> None:
+    async with gateway(tmp_path, sessions=10_000) as server, chromium() as browser:
+        url = str(server.make_url("")).rstrip("/")
+        registry, identity = server.app[REGISTRY], verify_token(KEY, AGENT_1, now=0)
+        for _ in range(10_000):
+            registry.open(AGENT_1, identity, "2025-11-25")
+        context = await browser.new_context(viewport={"width": 1280, "height": 800})
+        page = await context.new_page()
+        asked: list[str] = []
+        page.on("request", lambda request: asked.append(request.url))
+        assert (await log_in(page, url, ADMIN)).status == 303
+        started = time.monotonic()
+        await page.goto(f"{url}/console#sessions")
+        await expect(page.get_by_role("heading", name="Sessions (10000 live")).to_be_visible()
+        await expect(page.get_by_role("row")).to_have_count(51)  # the header and one page of 50
+        assert time.monotonic() - started < 1.0
+        pages = [u.removeprefix(url) for u in asked if "/console/api/sessions" in u]
+        assert pages == ["/console/api/sessions?q=&offset=0&limit=50"]
         await context.close()

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp.app import create_app
-from satgate_mcp.auth.base import token_hash
+from satgate_mcp.auth.base import AuthOutcome, AuthResult, Identity, token_hash
 from satgate_mcp.auth.macaroons import add_caveats, mint_token, verify_token
 from satgate_mcp.console.access import COOKIE_NAME, MAX_COOKIE_SECONDS
 from satgate_mcp.events import RecordingPublisher
@@ -261,3 +261,31 @@ async def test_explain_walks_the_rules_in_force_for_a_verified_token(start: Star
     assert forged.status == 400
     assert AGENT not in await forged.text()
     assert (await client.get("/console/api/policy", headers=bearer)).status == 200
+
+
+class ScopedTokens:
+    """An OAuth authenticator's outcomes without an IdP: ``scoped`` holds the console scope, ``plain`` does not."""
+
+    mode = "oauth"
+
+    async def authenticate(self, authorization: str | None) -> AuthResult:
+        token = (authorization or "").removeprefix("Bearer ")
+        scopes = {"scoped": frozenset({"mcp", "satgate:admin"}), "plain": frozenset({"mcp"})}.get(token)
+        if scopes is None:
+            return AuthResult(AuthOutcome.INVALID, reason="unknown")
+        return AuthResult(AuthOutcome.OK, Identity(f"user-{token}", scopes=scopes), token)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("token", "status"), [
+    pytest.param("scoped", 303, id="the-console-scope"),
+    pytest.param("plain", 403, id="without-it"),
+])
+async def test_oauth_mode_needs_the_console_scope(aiohttp_client: AiohttpClient, token: str, status: int) -> None:
+    values: dict[str, Any] = {"auth_mode": "oauth", "oauth_issuer": "https://idp.example.com",
+                              "oauth_audience": "https://gw.example.com/mcp", "state_dir": "memory"}
+    app = create_app(Settings(**values), authenticator=ScopedTokens(), pool=FakePool(), publisher=RecordingPublisher())
+    client = await aiohttp_client(app, headers={"Host": "127.0.0.1"})
+    assert (await login(client, token)).status == status
