@@ -289,3 +289,16 @@ async def test_oauth_mode_needs_the_console_scope(aiohttp_client: AiohttpClient,
     app = create_app(Settings(**values), authenticator=ScopedTokens(), pool=FakePool(), publisher=RecordingPublisher())
     client = await aiohttp_client(app, headers={"Host": "127.0.0.1"})
     assert (await login(client, token)).status == status
+
+
+async def test_logout_needs_the_consoles_own_post_and_ends_the_cookie(start: Start) -> None:
+    client = await start()
+    await login(client, ADMIN)
+    token = await csrf(client)
+    crossed = await client.post("/console/logout", headers={"Origin": "http://evil.example", "X-CSRF-Token": token},
+                                allow_redirects=False)
+    assert crossed.status == 403
+    assert (await client.get("/console/api/me")).status == 200
+    answer = await client.post("/console/logout", headers={**SAME, "X-CSRF-Token": token}, allow_redirects=False)
+    assert answer.status == 303
+    assert (await client.get("/console/api/me")).status == 401
