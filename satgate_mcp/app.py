@@ -22,11 +22,14 @@ from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.revocation import RevocationStore
+from satgate_mcp.console.features import Features
+from satgate_mcp.console.wiring import Gateway, add_console
 from satgate_mcp.contracts import Policy, Pool
 from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
+    CONSOLE,
     INFLIGHT,
     METRICS,
     POLICY_FILE,
@@ -46,7 +49,7 @@ from satgate_mcp.policy.policy_file import PolicyFile, load_at_start
 from satgate_mcp.policy.rule_guard import PolicyGuard
 from satgate_mcp.policy.rules import Effect
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
-from satgate_mcp.settings import Settings
+from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import Stores, open_stores
 from satgate_mcp.transport import health, jwks, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
@@ -175,8 +178,8 @@ def create_app(
     if stores.shared_tombstones is not None:
         stores.shared_tombstones.on_remote_delete = gate.end_remote
         app[TOMBSTONES] = stores.shared_tombstones
-    app[INFLIGHT] = runner.limiter
-    app[RESUMES_SESSIONS] = gate.resumes_sessions
+    app[INFLIGHT], app[RESUMES_SESSIONS] = runner.limiter, gate.resumes_sessions
+    _console(app, authenticator, publisher, gate, pins, clock)
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
 
@@ -188,6 +191,31 @@ def _pool(settings: Settings, publisher: Publisher, metrics: Metrics, clock: Cal
     return UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics, idle_ttl=settings.session_idle_ttl,
                         sweep_interval=settings.sweep_interval, clock=clock,
                         identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked)
+
+
+class _Circuits:
+    """The pool's circuit breakers as the console reads them."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+
+    def states(self) -> dict[str, dict[str, object]]:
+        return self._pool.circuits()
+
+
+def _console(app: web.Application, authenticator: Authenticator, publisher: Publisher, gate: SessionGate,
+             pins: PinGuard | None, clock: Callable[[], float]) -> None:
+    """The operator console (console/), on the parts above; off: not a route. Features built elsewhere (held
+    calls, the audit trail, circuit breakers) are connected through ``Features`` (console/features.py)."""
+    stores = app[STORES]
+    gateway = Gateway(app[SETTINGS], authenticator, app[REGISTRY], app[POOL], app[METRICS], stores, publisher,
+                      gate.delete_session, clock, app.get(POLICY_FILE), stores.pins if pins is not None else None)
+    pool = app[POOL]
+    http = [u for u in app[SETTINGS].upstreams.values() if isinstance(u, HttpUpstreamSpec) and u.breaker.failures]
+    breakers = _Circuits(pool) if isinstance(pool, UpstreamPool) and http else None
+    parts = add_console(app, gateway, Features(breakers=breakers))
+    if parts is not None:
+        app[CONSOLE] = parts
 
 
 def _middlewares(settings: Settings, metrics: Metrics, *, traced: bool) -> list[Middleware]:

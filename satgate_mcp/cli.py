@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     mint.add_argument("--budget-id", help="budget to spend from (default: the token id)")
     mint.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="credits the budget starts with")
     mint.add_argument("--tenant", help="tenant recorded in the token")
+    mint.add_argument("--admin", action="store_true", help="may also open the operator console (/console)")
     mint.add_argument("--config", type=Path, metavar="PATH", help=config_help)
 
     narrow = token_commands.add_parser(
@@ -246,7 +247,7 @@ def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
         token = mint_token(
             key, args.token_id, ttl=args.ttl, budget_id=args.budget_id,
             budget_limit=args.budget_limit, tenant=args.tenant,
-            tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts,
+            tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts, admin=args.admin,
         )
     except ValueError as exc:
         return _fail(str(exc))

@@ -46,6 +46,7 @@ SETTING_EXAMPLES: dict[str, str] = {
     "static_token": _SECRET_ONE_LINER,
     "metrics_token": _SECRET_ONE_LINER,
     "state_key": _SECRET_ONE_LINER,
+    "console_token": _SECRET_ONE_LINER,
     "upstreams": f"'{{\"files\": {_STDIO_SPEC}}}'",
     "allowed_origins": "https://app.example.com,https://admin.example.com",
     "allowed_hosts": "gw.example.com,gw.example.com:9100",

@@ -38,6 +38,8 @@ POLICY_LOADED: Final = "policy_loaded"
 POLICY_REJECTED: Final = "policy_rejected"
 #: An upstream tool's definition differs from its pin (SATGATE_TOOL_PINNING): once per change, whichever process saw it.
 TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
+#: An operator acted in the console (``/console``): who (a token id), what, on what.
+CONSOLE_ACTION: Final = "console_action"
 
 
 class Publisher(Protocol):

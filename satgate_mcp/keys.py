@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from satgate_mcp.console.parts import Parts
 from satgate_mcp.contracts import Pool
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
@@ -29,6 +30,9 @@ STORES = web.AppKey("stores", Stores)
 #: Present with SATGATE_POLICY_FILE: the file every process re-reads when it changes.
 POLICY_FILE = web.AppKey("policy_file", PolicyFile)
 
+
+#: Present with SATGATE_CONSOLE=on: what the console reads (tests take a sample now through its sampler).
+CONSOLE = web.AppKey("console", Parts)
 
 #: Present when a store is configured: Redis, or the state database (SATGATE_STATE_DIR).
 STORE_PROBE = web.AppKey("store_probe", StoreProbe)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -192,6 +192,9 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session]:  # the console pages them; nothing on a call's path walks them
+        return iter(self._sessions.values())
 
     @property
     def tombstone_count(self) -> int:

@@ -19,6 +19,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from satgate_mcp.addresses import secure_url_problem
 from satgate_mcp.patterns import PatternKind, check_pattern
+from satgate_mcp.settings_console import ConsoleSettings
 from satgate_mcp.settings_governance import GovernanceSettings
 from satgate_mcp.settings_identity import IdentitySettings
 from satgate_mcp.settings_upstreams import DEFAULT_MAX_INSTANCES as DEFAULT_MAX_INSTANCES
@@ -55,7 +56,7 @@ ENFORCEMENT_ALIASES = {"observe": "observe", "shadow": "observe", "control": "co
                        "soft": "control"}
 
 
-class Settings(GovernanceSettings, IdentitySettings):
+class Settings(GovernanceSettings, IdentitySettings, ConsoleSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file_encoding="utf-8",
                                       env_ignore_empty=True)
 

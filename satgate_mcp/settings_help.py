@@ -233,6 +233,19 @@ MEANINGS: dict[str, str] = {
         "upstream was first pinned, until `satgate-mcp tools approve`; `off` pins nothing. See "
         "[governance.md](governance.md#pinned-tool-definitions)."
     ),
+    "console": (
+        "`on` or `off`: the operator console at `/console` (and its JSON API under `/console/api/`) on the daemon's "
+        "own port. Only an admin credential opens it (`SATGATE_CONSOLE_SCOPE`, `SATGATE_CONSOLE_TOKEN`, `token mint "
+        "--admin`). See [console.md](console.md)."
+    ),
+    "console_scope": (
+        "`oauth` mode: the scope an access token needs to open the operator console."
+    ),
+    "console_token": (
+        "`none` and `config` modes: the secret an operator pastes to log in to the console (at least 32 "
+        "characters). Unset: no login in `config` mode; in `none` mode on loopback the console opens without one "
+        "(the same trust as `/mcp` there) and says so on every page."
+    ),
 }
 
 #: Where "unset" means more than nothing: the default column says what happens instead.

@@ -48,6 +48,17 @@ if [ -f scripts/check-deploy.sh ]; then
   echo "== deploy files"
   PATH="$PWD/$VENV/bin:$PATH" bash scripts/check-deploy.sh
 fi
+# The console's browser tests (marker `browser`) drive Debian's chromium through Playwright (no browser download):
+# installed with apt-get when it is missing and we are root, like systemd for the deploy check.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium (the console's browser tests)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing and cannot be installed here (needs root and apt-get): the browser tests will fail" >&2
+  fi
+fi
 echo "== pytest"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
 # The benchmark runs and every call succeeds (a few seconds; figures are printed, never asserted).

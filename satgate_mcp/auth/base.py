@@ -84,6 +84,8 @@ class Identity:
     #: OAuth only: the verified access token's claims, as policy rules read them (``token.claims``). Not compared:
     #: two identities equal in every other field are the same caller to sessions and caches.
     claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: Header mode: minted with ``token mint --admin`` (in the signed identifier): may open the operator console.
+    admin: bool = False
 
     @property
     def family_id(self) -> str:

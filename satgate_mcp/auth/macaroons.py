@@ -156,6 +156,7 @@ def identity_from(identifier: TokenIdentifier, predicates: Sequence[str], limits
         max_depth=limits.max_depth,
         resource_filters=limits.resource_filters,
         prompt_filters=limits.prompt_filters,
+        admin=identifier.admin,
     )
 
 
@@ -212,8 +213,9 @@ def mint_token(
     max_depth: int | None = None,
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
+    admin: bool = False,
 ) -> str:
-    """A new bearer token signed with ``root_key``.
+    """A new bearer token signed with ``root_key``; ``admin`` also opens the operator console.
 
     For delegation pass the parent's chain so revoking any ancestor revokes the child:
     ``mint_token(key, child_id, parent_id=parent.token_id, ancestors=parent.ancestors,
@@ -232,7 +234,7 @@ def mint_token(
     if not 0 <= depth <= MAX_CHAIN or len(chain) > MAX_CHAIN:
         raise ValueError(f"delegation depth must be between 0 and {MAX_CHAIN}")
     issued = time.time() if now is None else now
-    identifier = TokenIdentifier(token_id, budget_id, tenant, chain, depth, int(issued))
+    identifier = TokenIdentifier(token_id, budget_id, tenant, chain, depth, int(issued), admin)
     caveats = restriction_caveats(
         expires_at=None if ttl is None else issued + ttl, tools=tools, budget_limit=budget_limit,
         max_depth=max_depth, resources=resources, prompts=prompts,
@@ -307,6 +309,7 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
         "ancestors": list(ident.ancestors),
         "depth": ident.depth,
         "issued_at": ident.issued_at,
+        "admin": ident.admin,
         "location": str(parsed.macaroon.location),
         "caveats": list(parsed.predicates),
         "unknown_caveats": unknown,

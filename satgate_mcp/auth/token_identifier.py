@@ -19,7 +19,7 @@ MAX_CHAIN = 32
 #: The signed identifier (a flat JSON object: ids, a chain of at most MAX_CHAIN ids, two integers).
 MAX_IDENTIFIER_BYTES = 6144
 
-_IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at"})
+_IDENTIFIER_FIELDS = frozenset({"v", "token_id", "budget_id", "tenant", "ancestors", "depth", "issued_at", "admin"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,9 @@ class TokenIdentifier:
     ancestors: tuple[str, ...] = ()
     depth: int = 0
     issued_at: int | None = None
+    #: The operator console's credential (``token mint --admin``). Here, never a caveat: a holder can append a
+    #: caveat to any token, only the root key holder can write the identifier.
+    admin: bool = False
 
     @property
     def parent_id(self) -> str | None:
@@ -51,6 +54,8 @@ def encode_identifier(ident: TokenIdentifier) -> bytes:
         body["depth"] = ident.depth
     if ident.issued_at is not None:
         body["issued_at"] = ident.issued_at
+    if ident.admin:
+        body["admin"] = True
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
@@ -91,6 +96,8 @@ def decode_identifier(raw: bytes) -> TokenIdentifier:
     issued_at = body.get("issued_at")
     if issued_at is not None and type(issued_at) is not int:
         raise TokenInvalid("malformed identifier field issued_at")
+    if body.get("admin", True) is not True:  # present means true: no other spelling is signed, none is accepted
+        raise TokenInvalid("malformed identifier field admin")
     return TokenIdentifier(
         token_id=token_id,
         budget_id=_opt_id(body, "budget_id"),
@@ -98,4 +105,5 @@ def decode_identifier(raw: bytes) -> TokenIdentifier:
         ancestors=tuple(ancestors),
         depth=depth,
         issued_at=issued_at,
+        admin="admin" in body,
     )

@@ -74,6 +74,11 @@ class PolicyFile:
         self._seen: Signature = signature(path)
         self._digest = self._read_digest()
 
+    @property
+    def rules(self) -> RuleSet:
+        """The rules in force now (the operator console lists them)."""
+        return self._guard.decider.rules
+
     def _read_digest(self) -> bytes | None:
         try:
             return hashlib.sha256(self.path.read_bytes()).digest()

@@ -37,6 +37,7 @@ from satgate_mcp.stores.memory import (
     MemoryRevocationStore,
 )
 from satgate_mcp.stores.redis.admissions import RedisAdmissions
+from satgate_mcp.stores.redis.console import RedisBoard
 from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
@@ -89,6 +90,8 @@ class Stores:
     closers: tuple[Closer, ...] = ()
     #: Pinned tool definitions (``SATGATE_TOOL_PINNING``): in the state database or on Redis, like the rest.
     pins: PinStore = field(default_factory=MemoryPinStore)
+    #: Where each process publishes the console's figures for the others (Redis); None: this process alone.
+    board: RedisBoard | None = None
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -149,7 +152,7 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
     return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, admissions, revocations, files,
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
-                  pins=RedisPinStore(policy.client))
+                  pins=RedisPinStore(policy.client), board=RedisBoard(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:

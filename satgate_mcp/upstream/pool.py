@@ -139,6 +139,11 @@ class UpstreamPool(UpstreamListings):
         return {name: breaker.detail() for name, u in self._upstreams.items()
                 if (breaker := getattr(u, "breaker", None)) is not None}
 
+    def child_pids(self) -> dict[str, int | None]:
+        """Each upstream's running stdio child (the console shows it); None for HTTP or a child not running."""
+        return {name: pid if isinstance(pid := getattr(u, "pid", None), int) else None
+                for name, u in self._upstreams.items()}
+
     # -- isolated upstreams: a child per token or session ------------------------------------
 
     def isolated(self, name: str) -> IsolatedUpstream | None:
