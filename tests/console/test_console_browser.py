@@ -2,9 +2,10 @@
 the real test upstream, with data made by real SDK clients: sessions, calls, a policy refusal, a rug pull.
 
 The admin logs in, opens every view (each one's screenshot lands in a scratch folder, or in docs/console/ for the
-README with ``CONSOLE_SCREENSHOTS=docs/console``), approves a changed tool definition and revokes an agent, whose next call is refused. Anonymous visitors, ordinary tokens and a
-cross-site form are refused. The approvals view's Approve and Deny wait for tool controls (issue 27): until then
-the view says held calls are off, and the test checks that.
+README with ``CONSOLE_SCREENSHOTS=docs/console``), approves a changed tool definition and revokes an agent, whose
+next call is refused. Anonymous visitors, ordinary tokens and a cross-site form are refused. The approvals view's
+Approve and Deny wait for tool controls (issue 27): until then the view says held calls are off, and the test
+checks that.
 """
 
 from __future__ import annotations
