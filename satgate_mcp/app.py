@@ -22,6 +22,7 @@ from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.revocation import RevocationStore
+from satgate_mcp.console.audit_view import ConsoleAudit
 from satgate_mcp.console.features import Features
 from satgate_mcp.console.wiring import Gateway, add_console
 from satgate_mcp.contracts import Policy, Pool
@@ -29,6 +30,7 @@ from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.events import FanoutPublisher, JsonlFilePublisher, LogPublisher, Publisher
 from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
+    AUDIT,
     CONSOLE,
     INFLIGHT,
     METRICS,
@@ -42,6 +44,7 @@ from satgate_mcp.keys import (
     TOMBSTONES,
 )
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.audit_trail import AuditEvents, Auditor
 from satgate_mcp.policy.decide import Decider
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.pin_guard import PinGuard
@@ -51,6 +54,7 @@ from satgate_mcp.policy.rules import Effect
 from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import Stores, open_stores
+from satgate_mcp.stores.audit_file import AuditFile
 from satgate_mcp.transport import health, jwks, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
@@ -149,6 +153,7 @@ def create_app(
         publisher, sink = _default_publisher(settings)
         if sink is not None:
             app.cleanup_ctx.append(_closing(sink.aclose))
+    auditor, publisher = _audit(app, publisher)
     if authenticator is None:
         authenticator = authenticator_from_settings(settings, stores=stores)
         app.cleanup_ctx.append(_closing(authenticator.aclose))
@@ -167,7 +172,7 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
-                            guards=Guards(_guards(app, publisher, metrics, pins)))
+                            guards=Guards(_guards(app, publisher, metrics, pins)), audit=auditor)
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)
@@ -179,7 +184,7 @@ def create_app(
         stores.shared_tombstones.on_remote_delete = gate.end_remote
         app[TOMBSTONES] = stores.shared_tombstones
     app[INFLIGHT], app[RESUMES_SESSIONS] = runner.limiter, gate.resumes_sessions
-    _console(app, authenticator, publisher, gate, pins, clock)
+    _console(app, authenticator, publisher, gate, pins, clock, auditor)
     _add_transports(app, checks, gate, runner, dispatcher)
     return app
 
@@ -193,6 +198,22 @@ def _pool(settings: Settings, publisher: Publisher, metrics: Metrics, clock: Cal
                         identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked)
 
 
+def _audit(app: web.Application, publisher: Publisher) -> tuple[Auditor | None, Publisher]:
+    """The audit trail (``SATGATE_AUDIT_FILE``): its writer, opened early so it closes last (after the server has
+    drained, every answered call's line is written), and a publisher that also records refusals made before
+    dispatch. Off: nothing, and calls pay nothing for it."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    if not settings.audit_file:
+        return None, publisher
+    trail = AuditFile(settings.audit_file, on_drop=metrics.audit_dropped.inc)
+    app.cleanup_ctx.append(_started(trail.start, trail.close))
+    costs, default = settings.tool_costs, settings.default_cost
+    auditor = Auditor(trail, args=settings.audit_args, fail_closed=settings.audit_fail_mode == "closed",
+                      cost_of=lambda tool: costs.get(tool, default))
+    app[AUDIT] = trail
+    return auditor, FanoutPublisher([publisher, AuditEvents(auditor)])
+
+
 class _Circuits:
     """The pool's circuit breakers as the console reads them."""
 
@@ -204,7 +225,7 @@ class _Circuits:
 
 
 def _console(app: web.Application, authenticator: Authenticator, publisher: Publisher, gate: SessionGate,
-             pins: PinGuard | None, clock: Callable[[], float]) -> None:
+             pins: PinGuard | None, clock: Callable[[], float], auditor: Auditor | None) -> None:
     """The operator console (console/), on the parts above; off: not a route. Features built elsewhere (held
     calls, the audit trail, circuit breakers) are connected through ``Features`` (console/features.py)."""
     stores = app[STORES]
@@ -213,7 +234,8 @@ def _console(app: web.Application, authenticator: Authenticator, publisher: Publ
     pool = app[POOL]
     http = [u for u in app[SETTINGS].upstreams.values() if isinstance(u, HttpUpstreamSpec) and u.breaker.failures]
     breakers = _Circuits(pool) if isinstance(pool, UpstreamPool) and http else None
-    parts = add_console(app, gateway, Features(breakers=breakers))
+    audit = ConsoleAudit(auditor, app[SETTINGS].audit_file or "-") if auditor is not None else None
+    parts = add_console(app, gateway, Features(breakers=breakers, audit=audit))
     if parts is not None:
         app[CONSOLE] = parts
 

@@ -65,6 +65,7 @@ SETTING_EXAMPLES: dict[str, str] = {
     "budgets": '\'{"team-a": 1000}\'',
     "events_file": "/var/log/satgate-mcp/events.jsonl",
     "policy_file": "/etc/satgate-mcp/policy.yaml",
+    "audit_file": "/var/lib/satgate-mcp/audit.jsonl",
     "redis_url": "redis://127.0.0.1:6379/0",
     "state_dir": "/var/lib/satgate-mcp",
     "log_format": "json",

@@ -25,6 +25,8 @@ from satgate_mcp.guards import REMOTE_ADDR, Asked, ClientFacts, Guards, Target
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
+from satgate_mcp.policy.audit import AUDITED_METHODS
+from satgate_mcp.policy.audit_trail import Auditor
 from satgate_mcp.subscriptions import Subscriptions
 from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
@@ -86,8 +88,10 @@ async def _already_initialized(call: Call) -> JsonObj:
 class Dispatcher:
     def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
-                 list_page_size: int = LIST_PAGE_SIZE, guards: Guards | None = None) -> None:
+                 list_page_size: int = LIST_PAGE_SIZE, guards: Guards | None = None,
+                 audit: Auditor | None = None) -> None:
         self._pool = pool
+        self._audit = audit
         self._guards = guards or Guards()
         self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
         self._list_page_size = list_page_size
@@ -172,12 +176,24 @@ class Dispatcher:
 
     @property
     def guarded(self) -> bool:
-        """Whether any guard is configured (the transports then tell who the client is)."""
-        return bool(self._guards)
+        """Whether any guard (or the audit trail) is configured: the transports then tell who the client is."""
+        return bool(self._guards) or self._audit is not None
 
     async def handle(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
                      on_progress: ProgressCallback | None = None, client: ClientFacts | None = None) -> JsonObj:
-        """The reply message for one request, always with the client's id; never raises GatewayError."""
+        """The reply message for one request, always with the client's id; never raises GatewayError. An audited
+        call (``SATGATE_AUDIT_FILE``) is recorded whatever becomes of it."""
+        answer = partial(self._answer, request, identity=identity, session_id=session_id, on_progress=on_progress,
+                         client=client)
+        if self._audit is not None and request.method in AUDITED_METHODS:
+            return await self._audit.around(request, identity, session_id, client, self._upstream_of, answer)
+        return await answer()
+
+    def _upstream_of(self, method: str, name: str) -> str | None:
+        return self._pool.owner_of_tool(name) if method == "tools/call" else None
+
+    async def _answer(self, request: jsonrpc.Request, *, identity: Identity, session_id: str,
+                      on_progress: ProgressCallback | None, client: ClientFacts | None) -> JsonObj:
         caller = CALLER.set(Caller(identity.token_id, session_id))  # whose child an isolated upstream uses
         try:
             handler = self._routes.get(request.method)

@@ -15,6 +15,7 @@ from satgate_mcp.policy.policy_file import PolicyFile
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import StoreProbe, Stores
+from satgate_mcp.stores.audit_file import AuditFile
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -49,3 +50,5 @@ CLOSE_CONNECTION = web.RequestKey("close_connection", bool)
 
 #: The ``data.error`` reason of a refusal answer: what the HTTP request's span records as its ``error.type``.
 REFUSAL_REASON = web.ResponseKey("refusal_reason", str)
+#: The audit trail's writer, when ``SATGATE_AUDIT_FILE`` is set.
+AUDIT = web.AppKey("audit", AuditFile)

@@ -74,6 +74,8 @@ class Metrics:
         self.trace_export_failures = Counter("satgate_trace_export_failures",
                                              "Batches of spans the trace exporter could not deliver (SATGATE_TRACING)",
                                              registry=r)
+        self.audit_dropped = Counter("satgate_audit_dropped", "Audit lines not written: the queue was full or the "
+                                     "disk failed (SATGATE_AUDIT_FILE)", registry=r)
         self.policy_decisions = Counter("satgate_policy_decisions", "Calls judged by policy rules, by deciding rule "
                                         "(`(default)`: none matched) and effect (allow, deny, error)",
                                         ["rule", "effect"], registry=r)

@@ -21,3 +21,9 @@ class GovernanceSettings(BaseSettings):
     policy_default: Literal["allow", "deny"] = "allow"
     #: Pinned tool definitions (policy/pins.py): ``off``, ``warn`` (pin and report changes) or ``enforce`` (hold them).
     tool_pinning: Literal["off", "warn", "enforce"] = "warn"
+    #: The audit trail: a file of chained JSON lines, or ``-`` for stdout (docs/governance.md#audit-trail).
+    audit_file: str | None = None
+    #: What a line keeps of a call's arguments: their SHA-256 (``digest``), all of them (``full``), or nothing.
+    audit_args: Literal["digest", "full", "none"] = "digest"
+    #: A call the trail cannot record: refused 503 (``closed``) or served and the line counted as dropped (``open``).
+    audit_fail_mode: Literal["closed", "open"] = "closed"

@@ -246,6 +246,19 @@ MEANINGS: dict[str, str] = {
         "characters). Unset: no login in `config` mode; in `none` mode on loopback the console opens without one "
         "(the same trust as `/mcp` there) and says so on every page."
     ),
+    "audit_file": (
+        "The audit trail: one JSON line per call (`tools/call`, `resources/read`, `prompts/get`), relayed request "
+        "and refusal, each chained to the one before by SHA-256 (`satgate-mcp audit verify FILE...`); `-` writes "
+        "them to stdout marked `\"log\": \"audit\"`. The chain continues across restarts and rotation. See "
+        "[governance.md](governance.md#audit-trail)."
+    ),
+    "audit_args": (
+        "What an audit line keeps of a call's arguments: `digest` (their SHA-256, `args_sha256`), `full`, or `none`."
+    ),
+    "audit_fail_mode": (
+        "A call the audit trail cannot record (its queue is full, its disk fails): `closed` refuses it with 503 + "
+        "`Retry-After`; `open` serves it and counts the line in `satgate_audit_dropped_total`."
+    ),
 }
 
 #: Where "unset" means more than nothing: the default column says what happens instead.
@@ -259,4 +272,5 @@ DEFAULTS_SHOWN: dict[str, str] = {
     "state_key": "— (per process)",
     "state_dir": "`$STATE_DIRECTORY` under systemd, else `./satgate-state`",
     "log_format": "console on a TTY, else `json`",
+
 }

@@ -59,7 +59,7 @@ OFF: dict[str, str] = {
     "approvals": "Held calls are off: no token carries an approvals control, or tool controls are not on this "
                  "gateway.",
     "spend_limits": "Spend limits per window are off: tool controls are not configured on this gateway.",
-    "audit": "The audit trail is off: it is not configured on this gateway.",
+    "audit": "The audit trail is off: set SATGATE_AUDIT_FILE.",
     "breakers": "No circuit breaker is configured for any HTTP upstream.",
     "policy": "Policy rules are off: set SATGATE_POLICY_FILE.",
     "pins": "Pinned tool definitions are off: SATGATE_TOOL_PINNING=off.",

@@ -179,7 +179,7 @@ def reply_status(reply: JsonObj) -> tuple[int, dict[str, str]]:
     balancer or client backs off instead of reading the refusal as the call's own error."""
     error = reply.get("error")
     data = error.get("data") if isinstance(error, dict) else None
-    if isinstance(data, dict) and data.get("error") == "store_unavailable":
+    if isinstance(data, dict) and data.get("error") in ("store_unavailable", "audit_unavailable"):
         return 503, {"Retry-After": str(data.get("retry_after_seconds", STORE_RETRY_AFTER_SECONDS))}
     return 200, {}
 
