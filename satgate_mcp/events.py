@@ -38,6 +38,9 @@ POLICY_LOADED: Final = "policy_loaded"
 POLICY_REJECTED: Final = "policy_rejected"
 #: An upstream tool's definition differs from its pin (SATGATE_TOOL_PINNING): once per change, whichever process saw it.
 TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
+#: A call broke a token's tool controls (``error``: argument_denied, spend_limit_exceeded, ...); ``enforced``
+#: false: SATGATE_ENFORCEMENT=observe let it through. Never the argument's value.
+CONTROL_BREACH: Final = "control_breach"
 
 
 class Publisher(Protocol):

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from satgate_mcp.patterns import allowed_by, most_specific
+from satgate_mcp.policy.controls import Controls
 
 ANONYMOUS = "anonymous"
 
@@ -84,6 +85,9 @@ class Identity:
     #: OAuth only: the verified access token's claims, as policy rules read them (``token.claims``). Not compared:
     #: two identities equal in every other field are the same caller to sessions and caches.
     claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: Header mode only: one ``Controls`` per ``controls`` caveat (policy/controls.py); every one applies. Not
+    #: compared: the caveats that carry them are, and a token's bearer text binds its sessions anyway.
+    controls: tuple[Controls, ...] = field(default=(), compare=False)
 
     @property
     def family_id(self) -> str:
