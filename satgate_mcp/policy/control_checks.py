@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from satgate_mcp.policy.control_values import parse_decimal
+from satgate_mcp.policy.arg_rules import allowed, passes
+from satgate_mcp.policy.control_values import number_of
 from satgate_mcp.policy.controls import ApprovalRule, ArgRule, Controls, applies
 
 ARGUMENT_DENIED = "argument_denied"
@@ -38,24 +38,12 @@ def arguments_of(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return arguments if isinstance(arguments, dict) else {}
 
 
-def number_of(value: object) -> Decimal | None:
-    """An argument as an exact decimal: an integer, a finite float (by its shortest spelling) or a decimal string;
-    None for anything else (a boolean, an exponent, more than 6 decimals, more than 12 digits before the point)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return parse_decimal(str(value)) if abs(value) < 10**13 else None
-    if isinstance(value, float):
-        return parse_decimal(repr(value)) if value == value and abs(value) < 1e13 else None
-    if isinstance(value, str) and len(value) <= 32:
-        return parse_decimal(value)
-    return None
-
-
 def check_argument(rule: ArgRule, tool: str, arguments: Mapping[str, Any]) -> Breach | None:
-    """Argument rules are section 2's (arg_rules.py); until then a call one applies to is refused."""
-    return Breach(ARGUMENT_DENIED, f"Tool {tool!r}: argument rules are not enforced by this gateway version",
-                  {"tool": tool, "field": rule.field, "allowed": "nothing (not enforced by this version)"})
+    """The refusal a call that breaks ``rule`` gets: which tool and field, and what would pass."""
+    if passes(rule, arguments):
+        return None
+    return Breach(ARGUMENT_DENIED, f"Tool {tool!r}: argument {rule.field!r} is not allowed by this token's controls",
+                  {"tool": tool, "field": rule.field, "allowed": allowed(rule)})
 
 
 def needs_approval(rule: ApprovalRule, arguments: Mapping[str, Any]) -> bool:

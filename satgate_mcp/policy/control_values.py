@@ -24,7 +24,7 @@ MAX_MESSAGE_CHARS = 500
 #: Amounts: at most 12 digits before the point and 6 after, so any total fits a signed 64-bit count of micro-units.
 INTEGER_DIGITS, FRACTION_DIGITS = 12, 6
 MICROS = 10**FRACTION_DIGITS
-_DECIMAL_RE = re.compile(rf"-?\d{{1,{INTEGER_DIGITS}}}(?:\.\d{{1,{FRACTION_DIGITS}}})?")
+_DECIMAL_RE = re.compile(rf"-?[0-9]{{1,{INTEGER_DIGITS}}}(?:\.[0-9]{{1,{FRACTION_DIGITS}}})?")
 _ZONE_CHARS = string.ascii_letters + string.digits + "_+-/"
 _LABEL_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 #: Characters IDNA reads as a label separator besides ``.``: a host spelled with them is refused outright.
@@ -80,6 +80,20 @@ def decimal_text(number: Decimal) -> str:
     if number == 0:
         return "0"
     return format(number.normalize(), "f")
+
+
+def number_of(value: object) -> Decimal | None:
+    """An argument as an exact decimal: an integer, a finite float (by its shortest spelling) or a decimal string;
+    None for anything else (a boolean, an exponent, more than 6 decimals, more than 12 digits before the point)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return parse_decimal(str(value)) if abs(value) < 10**13 else None
+    if isinstance(value, float):
+        return parse_decimal(repr(value)) if value == value and abs(value) < 1e13 else None
+    if isinstance(value, str) and len(value) <= 32:
+        return parse_decimal(value)
+    return None
 
 
 def micros(number: Decimal) -> int:

@@ -1,9 +1,10 @@
-"""The tool-controls guard in a header-mode gateway: approvals and confirmations (not built yet) refuse, a token
-without controls pays nothing, a malformed control is a 401, and observe mode counts without refusing only when
-the operator chose it."""
+"""The tool-controls guard in a header-mode gateway: argument rules refuse before the upstream (a narrowed token
+cannot widen them), approvals and confirmations (not built yet) refuse, a token without controls is not judged, a
+malformed control is a 401, and observe mode counts without refusing only when the operator chose it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -13,9 +14,11 @@ from pytest_aiohttp import AiohttpClient
 
 from satgate_mcp import events
 from satgate_mcp.app import create_app
+from satgate_mcp.auth.macaroons import add_caveats
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.keys import METRICS
 from satgate_mcp.policy.control_guard import enforces
+from satgate_mcp.policy.controls import parse_controls
 from satgate_mcp.settings import Settings
 from tests.auth.test_controls_caveat import raw_token
 from tests.fakes import AllowAllPolicy, FakePool
@@ -102,3 +105,24 @@ async def test_a_token_with_a_malformed_control_is_refused_401(make_gateway: Fac
     status, _ = await gw.post(raw_token(predicate), {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
     assert status == 401
+
+
+async def test_argument_rules_refuse_before_the_upstream_and_a_narrowed_token_cannot_widen(
+        make_gateway: Factory) -> None:
+    gw = await make_gateway()
+    parent = token({"args": [{"tools": ["pay*"], "field": "vendor", "one_of": ["acme"]},
+                             {"tools": ["fetch"], "field": "url", "url": {"hosts": ["api.example.com"]}}]})
+    child = add_caveats(parent, controls=parse_controls(json.dumps(
+        {"args": [{"tools": ["pay*"], "field": "vendor", "one_of": ["acme", "evil"]}]})))
+    for bearer in (parent, child):
+        session = await gw.session(bearer)
+        assert refusal(await gw.call(bearer, session, "pay", {"vendor": "evil", "amount": 1})) == {
+            "error": "argument_denied", "tool": "pay", "field": "vendor", "allowed": ["acme"]}
+        assert refusal(await gw.call(bearer, session, "pay_later", {}))["field"] == "vendor"
+        answer = await gw.call(bearer, session, "fetch", {"url": "https://api.example.com@evil.com/"})
+        assert refusal(answer)["allowed"] == {"hosts": ["api.example.com"], "schemes": ["https"]}
+        assert "evil.com" not in json.dumps(answer)
+        assert "result" in await gw.call(bearer, session, "pay", {"vendor": "acme", "amount": 1})
+        assert "result" in await gw.call(bearer, session, "fetch", {"url": "https://api.example.com/x"})
+    assert gw.forwarded("pay") == gw.forwarded("fetch") == 2
+    assert gw.forwarded("pay_later") == 0
