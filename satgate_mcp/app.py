@@ -45,6 +45,7 @@ from satgate_mcp.keys import (
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.audit_trail import AuditEvents, Auditor
+from satgate_mcp.policy.control_guard import ControlsGuard, enforces
 from satgate_mcp.policy.decide import Decider
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.policy.pin_guard import PinGuard
@@ -83,7 +84,8 @@ def _default_publisher(settings: Settings) -> tuple[Publisher, JsonlFilePublishe
 
 def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: PinGuard | None) -> list[Guard]:
     """The configured guards (guards.py), outermost first: pinned definitions (``enforce``; ``warn`` is no guard,
-    calls pay nothing for it), then policy rules."""
+    calls pay nothing for it), then policy rules, then the token's tool controls (header mode: only macaroons carry
+    them)."""
     guards: list[Guard] = [pins] if pins is not None and pins.enforcing else []
     settings = app[SETTINGS]
     if settings.policy_file is not None:  # a bad file stops the start here, in one line
@@ -94,6 +96,9 @@ def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: 
         app[POLICY_FILE] = PolicyFile(settings.policy_file, default, policy, publisher=publisher, metrics=metrics)
         app.cleanup_ctx.append(_policy_watch)
         guards.append(policy)
+    if settings.auth_mode == "header":
+        enforce = enforces(settings.enforcement, "enforcement" in settings.model_fields_set)
+        guards.append(ControlsGuard(enforce=enforce, publisher=publisher, metrics=metrics))
     return guards
 
 

@@ -22,7 +22,7 @@ import structlog
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from satgate_mcp import __version__, audit_cli, cli_tools, policy_cli
+from satgate_mcp import __version__, audit_cli, cli_controls, cli_tools, policy_cli
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     mint.add_argument("--tenant", help="tenant recorded in the token")
     mint.add_argument("--admin", action="store_true", help="may also open the operator console (/console)")
     mint.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+    cli_controls.add_argument(mint)
 
     narrow = token_commands.add_parser(
         "narrow", help="print TOKEN with extra restrictions (no root key needed; can never widen it)")
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     narrow.add_argument("--resources", metavar="PATTERNS", help="comma list of URIs and prefix*; intersected")
     narrow.add_argument("--prompts", metavar="PATTERNS", help="comma list of prompt names and prefix*; intersected")
     narrow.add_argument("--budget-limit", type=_non_negative_float, metavar="N", help="lower the budget limit")
+    cli_controls.add_argument(narrow)
 
     insp = token_commands.add_parser("inspect", help="print a token's identity and caveats as JSON")
     insp.add_argument("token", metavar="TOKEN", help="the token, or - to read it from stdin")
@@ -249,6 +251,7 @@ def cmd_mint(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
             key, args.token_id, ttl=args.ttl, budget_id=args.budget_id,
             budget_limit=args.budget_limit, tenant=args.tenant,
             tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts, admin=args.admin,
+            controls=cli_controls.read_controls(args.controls),
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -264,11 +267,12 @@ def cmd_narrow(args: argparse.Namespace) -> ExitCode:
     scopes = scope_patterns(args)
     if isinstance(scopes, str):
         return _fail(scopes)
-    if args.ttl is None and args.budget_limit is None and all(v is None for v in scopes):
-        return _fail("nothing to narrow: give --ttl, --tools, --resources, --prompts and/or --budget-limit")
+    if args.ttl is None and args.budget_limit is None and args.controls is None and all(v is None for v in scopes):
+        return _fail("nothing to narrow: give --ttl, --tools, --resources, --prompts, --budget-limit and/or --controls")
     try:
         narrowed = add_caveats(_read_token(args.token), ttl=args.ttl, budget_limit=args.budget_limit,
-                               tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts)
+                               tools=scopes.tools, resources=scopes.resources, prompts=scopes.prompts,
+                               controls=cli_controls.read_controls(args.controls))
     except TokenError as exc:
         return _fail(f"not a satgate token: {exc.reason}", ExitCode.FAILED)
     except ValueError as exc:

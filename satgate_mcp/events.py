@@ -40,6 +40,9 @@ POLICY_REJECTED: Final = "policy_rejected"
 TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
 #: An operator acted in the console (``/console``): who (a token id), what, on what.
 CONSOLE_ACTION: Final = "console_action"
+#: A call broke a token's tool controls (``error``: argument_denied, spend_limit_exceeded, ...); ``enforced``
+#: false: SATGATE_ENFORCEMENT=observe let it through. Never the argument's value.
+CONTROL_BREACH: Final = "control_breach"
 
 
 class Publisher(Protocol):

@@ -84,6 +84,10 @@ class Metrics:
         self.tool_definition_changes = Counter("satgate_tool_definition_changes",
                                                "Upstream tool definitions seen to differ from their pins "
                                                "(SATGATE_TOOL_PINNING), once per change", ["upstream"], registry=r)
+        self.control_breaches = Counter("satgate_control_breaches",
+                                        "Tool calls that broke a token's tool controls, by refusal code and mode "
+                                        "(`enforced`: refused; `observed`: SATGATE_ENFORCEMENT=observe let it through)",
+                                        ["error", "mode"], registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)

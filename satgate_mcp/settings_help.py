@@ -108,7 +108,8 @@ MEANINGS: dict[str, str] = {
     ),
     "enforcement": (
         "`observe` (charge and log, never refuse) or `control` (refuse when a budget is exhausted). `shadow`, "
-        "`hard`, `soft` are accepted as older names."
+        "`hard`, `soft` are accepted as older names. Set to `observe` explicitly, it also makes a token's tool "
+        "controls log and count instead of refusing; left unset, tool controls are enforced."
     ),
     "tool_rate_limits": (
         "JSON, tool pattern (name, `prefix*` or `*`) → rate, applied per token on top of the overall rate; a "

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from satgate_mcp.daemon.children import child_pids
+from satgate_mcp.policy.controls import parse_controls
 from satgate_mcp.policy.rules import Effect, compile_rules, parse_text
 from satgate_mcp.settings import HttpUpstreamSpec, Settings, known_variables
 from scripts.check_install import SUPPORTED, TEST_COMMAND, readme_install_block
@@ -97,6 +98,8 @@ CLAIMS: dict[str, Claim] = {
     "policy": Claim("yaml", "github-repo-outside-org", "test_the_policy_example_is_what_the_policy_tests_judge_by",
                     not_run="a file, not a command: tests/policy/test_policy_rules.py judges calls by this very text "
                             "and tests/integration/test_policy_gateway.py serves it"),
+    "controls": Claim("json", '"spend_limits"', "test_the_controls_example_is_valid_controls",
+                      not_run="a file, not a command: read here as `token mint --controls @controls.json` reads it"),
     "token exchange": Claim("sh", '"type":"token_exchange"', "test_upstream_identity_examples_load",
                             not_run="needs an authorization server and an upstream that verifies tokens: "
                                     "tests/integration/test_upstream_identity.py runs the mode against real ones"),
@@ -279,6 +282,14 @@ def test_the_policy_example_is_what_the_policy_tests_judge_by() -> None:
     text = block("policy").text
     assert text == readme_policy()
     assert len(compile_rules(parse_text(text, "README.md"), Effect.ALLOW, "README.md").rules) == 2
+
+
+def test_the_controls_example_is_valid_controls() -> None:
+    controls = parse_controls(block("controls").text)
+    assert controls.args
+    assert controls.spend_limits
+    assert controls.approvals
+    assert controls.confirm
 
 
 def test_the_first_sh_block_is_what_check_install_runs() -> None:

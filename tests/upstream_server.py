@@ -105,6 +105,13 @@ GOVERNANCE_TOOLS: dict[str, tuple[JsonObj, JsonObj]] = {
     "github_delete_repo": (_schema(repo="string"), {"destructiveHint": True, "readOnlyHint": False}),
     "drop_table": (_schema(table="string"), {"destructiveHint": True}),
 }
+#: With --payments: tools that move money or reach a URL (tool controls, issue 27). ``pay`` appends its arguments to
+#: the --ledger file, if given, so a test can count the calls that reached the upstream; ``pay_slow`` hangs.
+PAYMENT_TOOLS: dict[str, JsonObj] = {
+    "pay": {"type": "object", "properties": {"amount": {}, "vendor": {"type": "string"}}},
+    "pay_slow": {"type": "object", "properties": {"amount": {}}},
+    "fetch": _schema(url="string"),
+}
 MODERN_TOOLS: dict[str, JsonObj] = {"mrtr_ask": {"type": "object", "properties": {"question": {"type": "string"}}}}
 
 
@@ -229,6 +236,7 @@ class State:
     conformance: ConformanceState | None = None  # set by --conformance
     era: str = "2025"  # set by --era (or --modern-only, --conformance): "2025", "2026" or "both"
     trace_file: str | None = None  # set by --trace-file: each tool call's trace context, as received, appended
+    ledger: str | None = None  # set by --ledger: each ``pay`` call's arguments, appended as a JSON line
     #: Tool name -> the definition fields ``rug_pull`` replaced.
     rewritten: dict[str, JsonObj] = field(default_factory=dict)
 
@@ -241,7 +249,8 @@ class State:
         for full in self.tools:
             base = full.removeprefix(self.prefix)
             governed = GOVERNANCE_TOOLS.get(base)
-            schema = BASE_TOOLS.get(base) or MODERN_TOOLS.get(base) or (governed[0] if governed else _schema())
+            schema = (BASE_TOOLS.get(base) or MODERN_TOOLS.get(base) or PAYMENT_TOOLS.get(base)
+                      or (governed[0] if governed else _schema()))
             out.append({"name": full, "description": f"{base} on {self.name}", "inputSchema": schema,
                         **({"annotations": governed[1]} if governed else {}), **self.rewritten.get(full, {})})
         return out
@@ -629,6 +638,21 @@ def record_trace_context(path: str, ctx: ServerRequestContext[Any], tool: str) -
         out.write(json.dumps(line) + "\n")
 
 
+def append_line(path: str, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
+async def run_payment_tool(tool: str, args: JsonObj, state: State) -> JsonObj:
+    if tool == "pay_slow":
+        await anyio.sleep_forever()
+    if tool == "fetch":
+        return _text(f"fetched {args.get('url')}")
+    if state.ledger is not None:
+        append_line(state.ledger, json.dumps(args))
+    return _text(f"paid {args.get('amount')} to {args.get('vendor')}")
+
+
 def build_server(state: State) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -716,6 +740,8 @@ def build_server(state: State) -> Server[Any]:
             return _text(f"added {new}")
         if tool in RELAY_TOOLS:
             return await run_relay_tool(ctx, tool, args, state)
+        if tool in PAYMENT_TOOLS:
+            return await run_payment_tool(tool, args, state)
         if tool == "ask_client":
             method = str(args.get("method", "ping"))
             try:
@@ -899,6 +925,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--conformance", action="store_true", help="add the conformance suite's scenario tools")
     parser.add_argument("--governance", action="store_true",
                         help="add tools with annotations (github_get_repo, github_delete_repo, drop_table)")
+    parser.add_argument("--payments", action="store_true", help="add the tools pay, pay_slow and fetch")
+    parser.add_argument("--ledger", help="append each pay call's arguments here (one JSON line)")
     parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
     parser.add_argument("--modern-only", action="store_true", help="the same as --era 2026")
     parser.add_argument("--era", choices=["2025", "2026", "both"], default=None,
@@ -913,10 +941,11 @@ def main(argv: list[str] | None = None) -> None:
     era = args.era or ("2026" if args.modern_only else "both" if args.conformance else "2025")
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
                   conformance=ConformanceState() if args.conformance else None, era=era,
-                  trace_file=args.trace_file)
+                  trace_file=args.trace_file, ledger=args.ledger)
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     state.tools += [args.prefix + t for t in MODERN_TOOLS] if era != "2025" else []
     state.tools += [args.prefix + t for t in GOVERNANCE_TOOLS] if args.governance else []
+    state.tools += [args.prefix + t for t in PAYMENT_TOOLS] if args.payments else []
     if args.mode == "stdio":
         asyncio.run(run_stdio(state))
     else:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from satgate_mcp.patterns import allowed_by, most_specific
+from satgate_mcp.policy.controls import Controls
 
 ANONYMOUS = "anonymous"
 
@@ -86,6 +87,9 @@ class Identity:
     claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     #: Header mode: minted with ``token mint --admin`` (in the signed identifier): may open the operator console.
     admin: bool = False
+    #: Header mode only: one ``Controls`` per ``controls`` caveat (policy/controls.py); every one applies. Not
+    #: compared: the caveats that carry them are, and a token's bearer text binds its sessions anyway.
+    controls: tuple[Controls, ...] = field(default=(), compare=False)
 
     @property
     def family_id(self) -> str:

@@ -8,7 +8,9 @@ Each caveat only restricts, so appending one can only narrow a token:
   template URIs) and prompt names; absent means allowed, like ``tools``;
 - ``budget_limit = <credits>``: the lowest wins;
 - ``depth <= N``: the token's own delegation depth must not exceed N, and the lowest N caps
-  what may be delegated from it.
+  what may be delegated from it;
+- ``controls = {json}``: tool controls (policy/controls.py); every such caveat applies, so one added by a
+  holder keeps the rules already there and adds its own.
 
 Anything else (an unknown predicate, a malformed value) is TokenInvalid: fail closed, so an older
 gateway never ignores a restriction it does not know. Predicates are split with plain string methods
@@ -24,11 +26,23 @@ from dataclasses import dataclass
 
 from satgate_mcp.auth.base import TokenInvalid
 from satgate_mcp.patterns import PatternKind, check_pattern
+from satgate_mcp.policy.controls import Controls, canonical_text, parse_controls
 
 #: Patterns in one ``tools``, ``resources`` or ``prompts`` caveat.
 MAX_PATTERNS = 256
 #: One caveat predicate, in bytes: a real one is a few dozen; a longer one is refused unread.
 MAX_PREDICATE_BYTES = 2048
+#: One ``controls`` caveat: rules with host lists and allowed values need more room than a pattern list. The
+#: token as a whole stays bounded (macaroons.MAX_TOKEN_CHARS, about what an HTTP header may carry), and what
+#: reading one costs is bounded by the entry and list counts policy/controls.py enforces.
+MAX_CONTROLS_PREDICATE_BYTES = 4096
+CONTROLS_KEY = "controls"
+
+
+def predicate_limit(predicate: str | bytes) -> int:
+    """The size bound of one predicate, in bytes: larger for a ``controls`` caveat."""
+    head = predicate[:len(CONTROLS_KEY)]
+    return MAX_CONTROLS_PREDICATE_BYTES if head in (CONTROLS_KEY, CONTROLS_KEY.encode()) else MAX_PREDICATE_BYTES
 
 _NUMBER_RE = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
 
@@ -63,7 +77,13 @@ class PromptsCaveat:
     patterns: tuple[str, ...]
 
 
-Caveat = ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat | ResourcesCaveat | PromptsCaveat
+@dataclass(frozen=True, slots=True)
+class ControlsCaveat:
+    controls: Controls
+
+
+Caveat = (ExpiresCaveat | ToolsCaveat | BudgetLimitCaveat | DepthCaveat | ResourcesCaveat | PromptsCaveat
+          | ControlsCaveat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +96,8 @@ class Restrictions:
     max_depth: int | None = None
     resource_filters: tuple[tuple[str, ...], ...] = ()
     prompt_filters: tuple[tuple[str, ...], ...] = ()
+    #: One entry per ``controls`` caveat; all apply.
+    controls: tuple[Controls, ...] = ()
 
 
 #: Caveat numbers are below this: 15 integer digits, what the caveat number parser reads back.
@@ -131,25 +153,28 @@ def _format_predicate(caveat: Caveat) -> str:
             return f"resources = {','.join(check_patterns(patterns, PatternKind.RESOURCE))}"
         case PromptsCaveat(patterns):
             return f"prompts = {','.join(check_patterns(patterns, PatternKind.PROMPT))}"
+        case ControlsCaveat(controls):
+            return f"{CONTROLS_KEY} = {canonical_text(controls)}"
     raise TypeError(f"not a caveat: {caveat!r}")  # pragma: no cover
 
 
 def format_caveat(caveat: Caveat) -> str:
     """The predicate for ``caveat``; ValueError for one no gateway would accept (so none is ever signed)."""
     predicate = _format_predicate(caveat)
-    if len(predicate.encode("utf-8")) > MAX_PREDICATE_BYTES:
-        raise ValueError(f"caveat too long: at most {MAX_PREDICATE_BYTES} bytes per caveat")
+    limit = predicate_limit(predicate)
+    if len(predicate.encode("utf-8")) > limit:
+        raise ValueError(f"caveat too long: at most {limit} bytes per caveat")
     return predicate
 
 
 #: (key, operator) -> what the value must be.
 _CAVEAT_KEYS = frozenset({("expires", "="), ("budget_limit", "="), ("depth", "<="), ("tools", "="),
-                          ("resources", "="), ("prompts", "=")})
+                          ("resources", "="), ("prompts", "="), (CONTROLS_KEY, "=")})
 
 
 def split_predicate(predicate: str) -> tuple[str, str, str]:
     """``key op value`` around the first operator, spaces stripped; linear, refuses control characters."""
-    if len(predicate) > MAX_PREDICATE_BYTES:
+    if len(predicate) > predicate_limit(predicate):
         raise TokenInvalid("caveat too long")
     if not predicate.isprintable():  # newlines, tabs, NUL, other control and separator characters
         raise TokenInvalid("control characters in caveat")
@@ -183,6 +208,8 @@ def parse_caveat(predicate: str) -> Caveat:
             raise TokenInvalid("malformed depth caveat")
         return DepthCaveat(int(value))
     try:
+        if key == CONTROLS_KEY:
+            return ControlsCaveat(parse_controls(value))
         if key == "tools":
             return ToolsCaveat(check_patterns(_patterns(value), PatternKind.TOOL))
         if key == "resources":
@@ -200,6 +227,7 @@ def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
     prompts: list[tuple[str, ...]] = []
     budget: float | None = None
     depth: int | None = None
+    controls: list[Controls] = []
     for caveat in caveats:
         match caveat:
             case ExpiresCaveat(at):
@@ -217,7 +245,10 @@ def combine_caveats(caveats: Iterable[Caveat]) -> Restrictions:
             case PromptsCaveat(patterns):
                 if patterns not in prompts:
                     prompts.append(patterns)
-    return Restrictions(expires, tuple(tools), budget, depth, tuple(resources), tuple(prompts))
+            case ControlsCaveat(rules):
+                if rules not in controls:
+                    controls.append(rules)
+    return Restrictions(expires, tuple(tools), budget, depth, tuple(resources), tuple(prompts), tuple(controls))
 
 
 def restriction_caveats(
@@ -228,6 +259,7 @@ def restriction_caveats(
     max_depth: int | None = None,
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
+    controls: Controls | None = None,
 ) -> list[Caveat]:
     if isinstance(tools, str) or isinstance(resources, str) or isinstance(prompts, str):
         raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
@@ -246,6 +278,8 @@ def restriction_caveats(
         caveats.append(ResourcesCaveat(check_patterns(resources, PatternKind.RESOURCE)))
     if prompts is not None:
         caveats.append(PromptsCaveat(check_patterns(prompts, PatternKind.PROMPT)))
+    if controls is not None:
+        caveats.append(ControlsCaveat(controls))
     for caveat in caveats:
         format_caveat(caveat)  # validates numbers before anything is signed
     return caveats

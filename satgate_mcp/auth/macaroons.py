@@ -25,12 +25,12 @@ from pymacaroons.macaroon import MACAROON_V2
 
 from satgate_mcp.auth.base import Identity, TokenExpired, TokenInvalid
 from satgate_mcp.auth.caveats import (
-    MAX_PREDICATE_BYTES,
     Caveat,
     Restrictions,
     combine_caveats,
     format_caveat,
     parse_caveat,
+    predicate_limit,
     restriction_caveats,
 )
 from satgate_mcp.auth.revocation import check_token_id
@@ -41,6 +41,7 @@ from satgate_mcp.auth.token_identifier import (
     decode_identifier,
     encode_identifier,
 )
+from satgate_mcp.policy.controls import Controls, controls_json
 
 LOCATION = "satgate-mcp"
 #: Longer bearers are refused before any parsing: a real token is a few hundred characters.
@@ -95,7 +96,7 @@ def raw_token(token: str) -> RawToken:
         if caveat.third_party():
             raise TokenInvalid("third-party caveats are not supported")
         predicate = bytes(caveat.caveat_id_bytes)
-        if len(predicate) > MAX_PREDICATE_BYTES:
+        if len(predicate) > predicate_limit(predicate):
             raise TokenInvalid("caveat too long")
         predicates.append(predicate)
     return RawToken(mac, identifier, tuple(predicates))
@@ -157,6 +158,7 @@ def identity_from(identifier: TokenIdentifier, predicates: Sequence[str], limits
         resource_filters=limits.resource_filters,
         prompt_filters=limits.prompt_filters,
         admin=identifier.admin,
+        controls=limits.controls,
     )
 
 
@@ -214,6 +216,7 @@ def mint_token(
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
     admin: bool = False,
+    controls: Controls | None = None,
 ) -> str:
     """A new bearer token signed with ``root_key``; ``admin`` also opens the operator console.
 
@@ -237,7 +240,7 @@ def mint_token(
     identifier = TokenIdentifier(token_id, budget_id, tenant, chain, depth, int(issued), admin)
     caveats = restriction_caveats(
         expires_at=None if ttl is None else issued + ttl, tools=tools, budget_limit=budget_limit,
-        max_depth=max_depth, resources=resources, prompts=prompts,
+        max_depth=max_depth, resources=resources, prompts=prompts, controls=controls,
     )
     mac = Macaroon(
         location=LOCATION, identifier=encode_identifier(identifier), key=_root_key_bytes(root_key),
@@ -259,6 +262,7 @@ def add_caveats(
     now: float | None = None,
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
+    controls: Controls | None = None,
 ) -> str:
     """Holder-side narrowing, no root key needed: the returned token is the old one plus caveats.
 
@@ -271,7 +275,7 @@ def add_caveats(
         ttl_expiry = (time.time() if now is None else now) + ttl
         expires_at = ttl_expiry if expires_at is None else min(expires_at, ttl_expiry)
     caveats = restriction_caveats(expires_at=expires_at, tools=tools, budget_limit=budget_limit,
-                                  max_depth=max_depth, resources=resources, prompts=prompts)
+                                  max_depth=max_depth, resources=resources, prompts=prompts, controls=controls)
     mac = parse_token(token).macaroon
     for caveat in caveats:
         mac.add_first_party_caveat(format_caveat(caveat))
@@ -321,6 +325,7 @@ def inspect_token(token: str, *, now: float | None = None) -> dict[str, Any]:
             "prompts": [list(f) for f in limits.prompt_filters],
             "budget_limit": limits.budget_limit,
             "max_depth": limits.max_depth,
+            "controls": [controls_json(c) for c in limits.controls],
         },
     }
     if now is not None:

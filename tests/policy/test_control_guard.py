@@ -1,0 +1,128 @@
+"""The tool-controls guard in a header-mode gateway: argument rules refuse before the upstream (a narrowed token
+cannot widen them), approvals and confirmations (not built yet) refuse, a token without controls is not judged, a
+malformed control is a 401, and observe mode counts without refusing only when the operator chose it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from pytest_aiohttp import AiohttpClient
+
+from satgate_mcp import events
+from satgate_mcp.app import create_app
+from satgate_mcp.auth.macaroons import add_caveats
+from satgate_mcp.events import RecordingPublisher
+from satgate_mcp.keys import METRICS
+from satgate_mcp.policy.control_guard import enforces
+from satgate_mcp.policy.controls import parse_controls
+from satgate_mcp.settings import Settings
+from tests.auth.test_controls_caveat import raw_token
+from tests.fakes import AllowAllPolicy, FakePool
+from tests.policy.control_gateway import KEY, TOOLS, ControlGateway, refusal, token
+
+Factory = Callable[..., Coroutine[Any, Any, ControlGateway]]
+
+
+@pytest.fixture
+def make_gateway(aiohttp_client: AiohttpClient) -> Factory:
+    async def make(**settings: Any) -> ControlGateway:
+        pool, publisher = FakePool(TOOLS), RecordingPublisher()
+        configured = Settings(auth_mode="header", root_key=SecretStr(KEY), state_dir="memory", **settings)
+        app = create_app(configured, pool=pool, policy=AllowAllPolicy(), publisher=publisher)
+        return ControlGateway(await aiohttp_client(app), pool, publisher)
+
+    return make
+
+
+@pytest.mark.parametrize(("enforcement", "explicit", "refuses"), [
+    pytest.param("observe", False, True, id="default-observe-still-enforces-controls"),
+    pytest.param("observe", True, False, id="operator-chose-observe"),
+    pytest.param("control", False, True, id="control-default"),
+    pytest.param("control", True, True, id="operator-chose-control"),
+])
+def test_controls_are_enforced_unless_the_operator_chose_observe(enforcement: str, explicit: bool,
+                                                                 refuses: bool) -> None:
+    assert enforces(enforcement, explicit) is refuses
+
+
+APPROVE_AND_CONFIRM = {"approvals": [{"tools": ["pay*"], "field": "amount", "above": "50"}, {"tools": ["deploy"]}],
+                       "confirm": [{"tools": ["delete_*"], "message": "Really delete?", "fields": ["path"]}]}
+
+
+async def test_approval_and_confirmation_refuse_until_they_are_built(make_gateway: Factory) -> None:
+    gw = await make_gateway()
+    bearer = token(APPROVE_AND_CONFIRM)
+    session = await gw.session(bearer)
+    assert refusal(await gw.call(bearer, session, "pay", {"amount": 51})) == {
+        "error": "approval_required", "tool": "pay", "field": "amount", "above": "50"}
+    assert "approval_id" not in refusal(await gw.call(bearer, session, "deploy", {}))
+    # A missing or non-numeric amount cannot be shown to be small: held too.
+    assert refusal(await gw.call(bearer, session, "pay", {"amount": "lots"}))["error"] == "approval_required"
+    assert refusal(await gw.call(bearer, session, "pay", {}))["error"] == "approval_required"
+    assert refusal(await gw.call(bearer, session, "delete_file", {"path": "/x"})) == {
+        "error": "confirmation_unavailable", "tool": "delete_file"}
+    assert gw.forwarded("pay") == gw.forwarded("deploy") == gw.forwarded("delete_file") == 0
+    assert "result" in await gw.call(bearer, session, "pay", {"amount": "50"})
+    assert "result" in await gw.call(bearer, session, "echo", {"text": "hi"})
+    assert gw.forwarded("pay") == 1
+    breaches = gw.publisher.named(events.CONTROL_BREACH)
+    assert [b["error"] for b in breaches] == ["approval_required"] * 4 + ["confirmation_unavailable"]
+    assert all(b["enforced"] for b in breaches)
+
+
+async def test_observe_chosen_by_the_operator_counts_and_lets_through(make_gateway: Factory) -> None:
+    gw = await make_gateway(enforcement="observe")
+    bearer = token(APPROVE_AND_CONFIRM)
+    session = await gw.session(bearer)
+    assert "result" in await gw.call(bearer, session, "pay", {"amount": 500})
+    assert "result" in await gw.call(bearer, session, "delete_file", {"path": "/x"})
+    assert gw.forwarded("pay") == gw.forwarded("delete_file") == 1
+    assert [b["enforced"] for b in gw.publisher.named(events.CONTROL_BREACH)] == [False, False]
+    app = gw.client.app
+    assert app is not None
+    rendered = app[METRICS].render().decode()
+    assert 'satgate_control_breaches_total{error="approval_required",mode="observed"} 1.0' in rendered
+
+
+async def test_a_token_without_controls_is_not_judged(make_gateway: Factory) -> None:
+    gw = await make_gateway()
+    bearer = token()
+    session = await gw.session(bearer)
+    assert "result" in await gw.call(bearer, session, "deploy", {})
+    assert gw.publisher.named(events.CONTROL_BREACH) == []
+
+
+@pytest.mark.parametrize("predicate", [
+    pytest.param('controls = {"approvals": [{"tools": ["pay"], "wait": 600}]}', id="wait-too-long"),
+    pytest.param('controls = {"holds": [{"tools": ["pay"]}]}', id="unknown-control"),
+])
+async def test_a_token_with_a_malformed_control_is_refused_401(make_gateway: Factory, predicate: str) -> None:
+    gw = await make_gateway()
+    status, _ = await gw.post(raw_token(predicate), {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    assert status == 401
+
+
+async def test_argument_rules_refuse_before_the_upstream_and_a_narrowed_token_cannot_widen(
+        make_gateway: Factory) -> None:
+    gw = await make_gateway()
+    parent = token({"args": [{"tools": ["pay*"], "field": "vendor", "one_of": ["acme"]},
+                             {"tools": ["fetch"], "field": "url", "url": {"hosts": ["api.example.com"]}}]})
+    child = add_caveats(parent, controls=parse_controls(json.dumps(
+        {"args": [{"tools": ["pay*"], "field": "vendor", "one_of": ["acme", "evil"]}]})))
+    for bearer in (parent, child):
+        session = await gw.session(bearer)
+        assert refusal(await gw.call(bearer, session, "pay", {"vendor": "evil", "amount": 1})) == {
+            "error": "argument_denied", "tool": "pay", "field": "vendor", "allowed": ["acme"]}
+        assert refusal(await gw.call(bearer, session, "pay_later", {}))["field"] == "vendor"
+        answer = await gw.call(bearer, session, "fetch", {"url": "https://api.example.com@evil.com/"})
+        assert refusal(answer)["allowed"] == {"hosts": ["api.example.com"], "schemes": ["https"]}
+        assert "evil.com" not in json.dumps(answer)
+        assert "result" in await gw.call(bearer, session, "pay", {"vendor": "acme", "amount": 1})
+        assert "result" in await gw.call(bearer, session, "fetch", {"url": "https://api.example.com/x"})
+    assert gw.forwarded("pay") == gw.forwarded("fetch") == 2
+    assert gw.forwarded("pay_later") == 0
