@@ -175,6 +175,11 @@ class Dispatcher:
         return next((t.get("inputSchema") for t in self._pool.tools() if t.get("name") == name), None)
 
     @property
+    def audit(self) -> Auditor | None:
+        """The audit trail's recorder, when ``SATGATE_AUDIT_FILE`` is set (the transports record relayed requests)."""
+        return self._audit
+
+    @property
     def guarded(self) -> bool:
         """Whether any guard (or the audit trail) is configured: the transports then tell who the client is."""
         return bool(self._guards) or self._audit is not None

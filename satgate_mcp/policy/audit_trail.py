@@ -87,6 +87,14 @@ class Auditor:
             return None
         return self._cost_of(target) if outcome != "refused" else 0.0
 
+    def relayed(self, identity: Identity, session_id: str, method: str, answer: JsonObj, seconds: float) -> None:
+        """A request an upstream relayed to the client mid-call (elicitation, sampling, roots) and its answer."""
+        outcome = outcome_of(answer)
+        refused = outcome.reason == "not_relayed"
+        self.record("client_request", **_who(identity), session=session_id, method=method,
+                    outcome="refused" if refused else outcome.outcome, code=outcome.code,
+                    reason=outcome.reason, duration_ms=round(seconds * 1000, 2))
+
     def record(self, event: str, **fields: Any) -> None:
         """One line about something other than a call (an auth refusal, a console action)."""
         self.sink.submit({"ts": timestamp(self.sink.wall_clock()), "event": event, **fields})

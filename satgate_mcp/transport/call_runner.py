@@ -90,8 +90,10 @@ class CallRunner:
 
     def relay(self, session: Session, emit: Emit, *, streaming: bool, pause: Pause | None = None) -> CallRelay:
         """A call's channel back to its client; ``streaming`` False (JSON only) refuses upstream requests."""
+        audit = self._dispatcher.audit
         return CallRelay(session_key=session.id, emit=emit, asks=self.asks, streaming=streaming, pause=pause,
-                         capabilities=lambda: session.client_capabilities, log_level=lambda: session.log_level)
+                         capabilities=lambda: session.client_capabilities, log_level=lambda: session.log_level,
+                         on_ask=None if audit is None else partial(audit.relayed, session.identity, session.id))
 
     def on_response(self, session: Session, response: jsonrpc.Response) -> None:
         """A client's answer to a request the gateway relayed to it: back to the upstream that asked."""

@@ -149,6 +149,8 @@ def refused(message: str) -> JsonObj:
 
 #: Writes one message to the call's client; False when the client is gone.
 Emit = Callable[[JsonObj], Awaitable[bool]]
+#: Told of each request relayed to the client, once answered: (method, the answer, seconds) (the audit trail).
+OnAsk = Callable[[str, JsonObj, float], None]
 #: Ends the client's stream mid-call so it reconnects and resumes (the upstream did the same).
 Pause = Callable[[], Awaitable[None]]
 
@@ -158,8 +160,9 @@ class CallRelay:
 
     def __init__(self, *, session_key: str, emit: Emit, asks: PendingAsks, streaming: bool,
                  capabilities: Callable[[], dict[str, object] | None], log_level: Callable[[], str | None],
-                 pause: Pause | None = None) -> None:
+                 pause: Pause | None = None, on_ask: OnAsk | None = None) -> None:
         self.session_key = session_key
+        self._on_ask = on_ask
         self._emit = emit
         self._pause = pause
         self._asks = asks
@@ -206,11 +209,14 @@ class CallRelay:
         return {META_CAPABILITIES: declared} if declared is not None else {}
 
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
-        if self.span is None:
+        if self.span is None and self._on_ask is None:
             return await self._ask(method, params, timeout)
         started = time.monotonic()
         answer = await self._ask(method, params, timeout)
-        self.span.add_event(*relay_event(method, answer, time.monotonic() - started))
+        if self.span is not None:
+            self.span.add_event(*relay_event(method, answer, time.monotonic() - started))
+        if self._on_ask is not None:
+            self._on_ask(method, answer, time.monotonic() - started)
         return answer
 
     async def _ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -345,3 +346,21 @@ async def test_a_resumed_session_after_a_restart_still_gets_its_elicitations_and
                 await second.close()
     finally:
         await first.close()
+
+
+# -- the audit trail -------------------------------------------------------------------------------
+
+
+async def test_a_relayed_request_and_its_call_are_audited(web: HttpUpstreamProcess, tmp_path: Path) -> None:
+    from satgate_mcp.policy.audit import verify
+
+    trail = tmp_path / "audit.jsonl"
+    settings = gateway_settings({"web": http_upstream(web.url)}).model_copy(update={"audit_file": str(trail)})
+    async with serving(settings) as url, connect(url, "ann") as agent:
+        assert "ann says yes" in await agent.text("web_relay_elicit", question="go on?")
+    lines = [json.loads(line) for line in trail.read_text().splitlines()]
+    asked = [line for line in lines if line["event"] == "client_request"]
+    assert [(a["method"], a["outcome"]) for a in asked] == [("elicitation/create", "ok")]
+    assert [(c["event"], c["tool"], c["outcome"]) for c in lines if c["event"] == "tool_call"] == [
+        ("tool_call", "web_relay_elicit", "ok")]
+    assert verify([(str(trail), trail.read_text().splitlines())])[1] is None
