@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from bench.audit import main_audit
 from bench.compare import main_compare
 from bench.plain import main_plain
 from bench.policy import main_policy
@@ -47,6 +48,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--policy", action="store_true",
         help="two targets in turn, gateway-header and gateway-policy (the same with a 50-rule SATGATE_POLICY_FILE, "
              "bench/policy.py): gateway CPU ms per call for each and the difference; uses --sessions, --workers, "
+             "--duration, --rounds, --json")
+    parser.add_argument_group("audit trail (--audit)").add_argument(
+        "--audit", action="store_true",
+        help="two targets in turn, gateway-header and gateway-audit (the same with SATGATE_AUDIT_FILE, "
+             "bench/audit.py): gateway CPU ms per call for each and the difference; uses --sessions, --workers, "
              "--duration, --rounds, --json")
     return parser
 
@@ -111,4 +117,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return main_tracing(args)
     if args.policy:
         return main_policy(args)
+    if args.audit:
+        return main_audit(args)
     return main_compare(args) if args.compare else main_plain(args)

@@ -6,6 +6,7 @@ docstring for what is measured), kept because docs and hooks name this path.
     .venv/bin/python scripts/bench.py --compare --duration 2 --rounds 1 --json
     .venv/bin/python scripts/bench.py --tracing --duration 10 --rounds 3   # SATGATE_TRACING off vs otlp
     .venv/bin/python scripts/bench.py --policy --duration 10 --rounds 3    # no policy vs a 50-rule policy file
+    .venv/bin/python scripts/bench.py --audit --duration 10 --rounds 3     # no audit trail vs SATGATE_AUDIT_FILE
 """
 
 from __future__ import annotations

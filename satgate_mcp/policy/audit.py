@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.jsonrpc import JsonObj, dumps
 
 #: The methods each call of which is one line (their refusals included).
 AUDITED_METHODS: Mapping[str, tuple[str, str, str]] = {
@@ -89,8 +89,7 @@ def timestamp(wall: float) -> str:
 
 def seal(record: Mapping[str, Any], seq: int, prev: str) -> str:
     """The line for ``record``: its fields, then ``seq`` and ``prev`` last (so the chain reads at the line's end)."""
-    return json.dumps({**record, "seq": seq, "prev": prev}, separators=(",", ":"), ensure_ascii=False,
-                      default=str)
+    return dumps({**record, "seq": seq, "prev": prev}).decode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True, slots=True)
