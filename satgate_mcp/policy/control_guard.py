@@ -79,7 +79,12 @@ class ControlsGuard:
         """Reserve every charge, run the call, then give the amount back only if the call certainly did not run."""
         key = reservation_key(asked.identity, asked.session_id, asked.request_id, asked.params)
         charges = [p.charge for p in planned]
-        reservation = await self._store(lambda: self._spend.reserve(key, charges, self._clock()))
+        try:
+            reservation = await self._store(lambda: self._spend.reserve(key, charges, self._clock()))
+        except GatewayError:
+            if self.enforce:
+                raise
+            return await proceed()  # observing refuses nothing, not even for a store that cannot answer
         if reservation.exceeded is not None:
             over = planned[reservation.exceeded]
             self.breached(asked, [Breach(SPEND_LIMIT_EXCEEDED, f"Tool {asked.name!r}: the amount would pass the "

@@ -214,3 +214,9 @@ async def test_a_store_that_cannot_answer_refuses_the_call() -> None:
 
 def test_the_clock_is_utc_seconds() -> None:
     assert Clock("2026-03-08T00:00:00-05:00")() == datetime(2026, 3, 8, 5, tzinfo=UTC).timestamp()
+
+
+async def test_observing_refuses_nothing_even_when_the_store_cannot_answer() -> None:
+    guard = ControlsGuard(enforce=False, publisher=RecordingPublisher(), metrics=Metrics(), spend=BrokenStore(),
+                          clock=Clock("2026-06-10T12:00:00-04:00"))
+    assert await outcome(guard, asked(1)) == {"ok": True}
