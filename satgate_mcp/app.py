@@ -98,7 +98,9 @@ def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: 
         guards.append(policy)
     if settings.auth_mode == "header":
         enforce = enforces(settings.enforcement, "enforcement" in settings.model_fields_set)
-        guards.append(ControlsGuard(enforce=enforce, publisher=publisher, metrics=metrics))
+        stores = app[STORES]
+        guards.append(ControlsGuard(enforce=enforce, publisher=publisher, metrics=metrics, spend=stores.spend,
+                                    timeout=stores.timeout))
     return guards
 
 

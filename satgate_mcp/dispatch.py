@@ -57,7 +57,7 @@ class Call:
               ) -> Asked:
         """This request as the guards see it."""
         return Asked(self.request.method, self.identity, self.session_id, target, name, self.params or {},
-                     upstream, definition, self.client, REMOTE_ADDR.get(), self.on_progress)
+                     upstream, definition, self.client, REMOTE_ADDR.get(), self.on_progress, self.request.id)
 
 
 #: A method's handler: the reply message (any id; the dispatcher puts the client's on it).

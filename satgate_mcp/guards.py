@@ -18,7 +18,7 @@ from functools import partial
 from typing import Literal, Protocol
 
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.upstream.base import ProgressCallback
 from satgate_mcp.upstream.catalog import Kind
 
@@ -65,6 +65,8 @@ class Asked:
     remote_addr: str | None = None
     #: The call's channel back to its client (progress, and requests relayed to it such as elicitation).
     on_progress: ProgressCallback | None = None
+    #: The client's JSON-RPC id: with the session id and params it tells copies of one call apart (duplicates.py).
+    request_id: RequestId | None = None
 
 
 class Guard(Protocol):

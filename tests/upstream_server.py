@@ -106,10 +106,13 @@ GOVERNANCE_TOOLS: dict[str, tuple[JsonObj, JsonObj]] = {
     "drop_table": (_schema(table="string"), {"destructiveHint": True}),
 }
 #: With --payments: tools that move money or reach a URL (tool controls, issue 27). ``pay`` appends its arguments to
-#: the --ledger file, if given, so a test can count the calls that reached the upstream; ``pay_slow`` hangs.
+#: the --ledger file, if given, so a test can count the calls that reached the upstream; ``pay_slow`` waits until
+#: ``release_payments`` is called (``waiting_payments`` says how many wait), so a call can be held mid-flight.
 PAYMENT_TOOLS: dict[str, JsonObj] = {
     "pay": {"type": "object", "properties": {"amount": {}, "vendor": {"type": "string"}}},
     "pay_slow": {"type": "object", "properties": {"amount": {}}},
+    "release_payments": _schema(),
+    "waiting_payments": _schema(),
     "fetch": _schema(url="string"),
 }
 MODERN_TOOLS: dict[str, JsonObj] = {"mrtr_ask": {"type": "object", "properties": {"question": {"type": "string"}}}}
@@ -237,6 +240,7 @@ class State:
     era: str = "2025"  # set by --era (or --modern-only, --conformance): "2025", "2026" or "both"
     trace_file: str | None = None  # set by --trace-file: each tool call's trace context, as received, appended
     ledger: str | None = None  # set by --ledger: each ``pay`` call's arguments, appended as a JSON line
+    paying: list[Any] = field(default_factory=list)  # the pay_slow calls waiting: their release events
     #: Tool name -> the definition fields ``rug_pull`` replaced.
     rewritten: dict[str, JsonObj] = field(default_factory=dict)
 
@@ -645,7 +649,15 @@ def append_line(path: str, line: str) -> None:
 
 async def run_payment_tool(tool: str, args: JsonObj, state: State) -> JsonObj:
     if tool == "pay_slow":
-        await anyio.sleep_forever()
+        released = anyio.Event()
+        state.paying.append(released)
+        await released.wait()
+    if tool == "release_payments":
+        for released in state.paying:
+            released.set()
+        return _text(f"released {len(state.paying)}")
+    if tool == "waiting_payments":
+        return _text(str(sum(1 for released in state.paying if not released.is_set())))
     if tool == "fetch":
         return _text(f"fetched {args.get('url')}")
     if state.ledger is not None:

@@ -259,7 +259,7 @@ def restriction_caveats(
     max_depth: int | None = None,
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
-    controls: Controls | None = None,
+    controls: Controls | Sequence[Controls] | None = None,
 ) -> list[Caveat]:
     if isinstance(tools, str) or isinstance(resources, str) or isinstance(prompts, str):
         raise TypeError("tools, resources and prompts must be sequences of patterns, not one string")
@@ -278,8 +278,8 @@ def restriction_caveats(
         caveats.append(ResourcesCaveat(check_patterns(resources, PatternKind.RESOURCE)))
     if prompts is not None:
         caveats.append(PromptsCaveat(check_patterns(prompts, PatternKind.PROMPT)))
-    if controls is not None:
-        caveats.append(ControlsCaveat(controls))
+    for rules in (controls,) if isinstance(controls, Controls) else controls or ():
+        caveats.append(ControlsCaveat(rules))
     for caveat in caveats:
         format_caveat(caveat)  # validates numbers before anything is signed
     return caveats

@@ -216,13 +216,14 @@ def mint_token(
     resources: Sequence[str] | None = None,
     prompts: Sequence[str] | None = None,
     admin: bool = False,
-    controls: Controls | None = None,
+    controls: Controls | Sequence[Controls] | None = None,
 ) -> str:
     """A new bearer token signed with ``root_key``; ``admin`` also opens the operator console.
 
     For delegation pass the parent's chain so revoking any ancestor revokes the child:
     ``mint_token(key, child_id, parent_id=parent.token_id, ancestors=parent.ancestors,
-    depth=parent.depth + 1, ...)``. Without ``ancestors`` only the direct parent is recorded.
+    depth=parent.depth + 1, controls=parent.controls, ...)``. Without ``ancestors`` only the direct parent is
+    recorded; ``controls`` takes one set or several (a child keeps every one of its parent's).
     The key's length is checked where it is read (``Settings``; the CLI for ``token mint``).
     """
     if ttl is not None and not (math.isfinite(ttl) and ttl > 0):

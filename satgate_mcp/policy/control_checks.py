@@ -46,6 +46,12 @@ def check_argument(rule: ArgRule, tool: str, arguments: Mapping[str, Any]) -> Br
                   {"tool": tool, "field": rule.field, "allowed": allowed(rule)})
 
 
+def amount_breach(tool: str, field: str) -> Breach:
+    """A spend limit's amount that is missing, non-numeric or negative: refused, never counted as zero."""
+    return Breach(ARGUMENT_DENIED, f"Tool {tool!r}: argument {field!r} must be an amount (a number from 0)",
+                  {"tool": tool, "field": field, "allowed": "a number from 0"})
+
+
 def needs_approval(rule: ApprovalRule, arguments: Mapping[str, Any]) -> bool:
     """Every call of the tools, or one whose ``field`` is above ``above``; a missing or non-numeric field
     cannot be shown to be at most ``above``, so it is held too."""

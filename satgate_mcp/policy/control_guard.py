@@ -10,20 +10,36 @@ rate limits and budgets; controls a token carries are enforced unless the operat
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import structlog
 
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.errors import GatewayError
+from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.guards import Asked, ClientFacts, Proceed
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.control_checks import SPEND_LIMIT_EXCEEDED, Breach, arguments_of, judge
-from satgate_mcp.policy.controls import applies
+from satgate_mcp.policy.control_checks import SPEND_LIMIT_EXCEEDED, Breach, amount_breach, arguments_of, judge
+from satgate_mcp.policy.spend import (
+    Charge,
+    Planned,
+    SpendStore,
+    amount_of,
+    applicable,
+    did_not_run,
+    exceeded_data,
+    plan,
+    reservation_key,
+)
 from satgate_mcp.upstream.catalog import Kind
 
 log = structlog.get_logger("satgate_mcp.controls")
+T = TypeVar("T")
 
 
 def enforces(enforcement: str, explicit: bool) -> bool:
@@ -32,25 +48,80 @@ def enforces(enforcement: str, explicit: bool) -> bool:
 
 
 class ControlsGuard:
-    """``Guard``: the calling token's tool controls; ``enforce`` False only observes."""
+    """``Guard``: the calling token's tool controls; ``enforce`` False only observes. Spend limits reserve in
+    ``spend`` (the state store) around the call, bounded by ``timeout``; a store that cannot answer refuses."""
 
-    def __init__(self, *, enforce: bool, publisher: Publisher, metrics: Metrics) -> None:
+    def __init__(self, *, enforce: bool, publisher: Publisher, metrics: Metrics, spend: SpendStore,
+                 clock: Callable[[], float] = time.time, timeout: float | None = None) -> None:
         self.enforce = enforce
         self._publisher = publisher
         self._metrics = metrics
+        self._spend = spend
+        self._clock = clock
+        self._timeout = timeout
 
     async def guard(self, asked: Asked, proceed: Proceed) -> JsonObj:
         controls = asked.identity.controls
         if not controls or asked.target != "tool":
             return await proceed()
-        breaches = judge(controls, asked.name, arguments_of(asked.params))
-        for caveat in controls:  # spend limits are section 3's; until then a call one applies to is refused
-            if any(applies(limit.tools, asked.name) for limit in caveat.spend_limits):
-                breaches.append(Breach(SPEND_LIMIT_EXCEEDED, f"Tool {asked.name!r}: spend limits are not enforced "
-                                       "by this gateway version", {"tool": asked.name}))
+        arguments = arguments_of(asked.params)
+        breaches = judge(controls, asked.name, arguments)
+        limits = applicable(controls, asked.name)
+        unpriced = [limit for limit in limits if amount_of(limit, arguments) is None]
+        breaches += [amount_breach(asked.name, limit.field) for limit in unpriced]
         if breaches:
             self.breached(asked, breaches)
-        return await proceed()
+        if not limits or unpriced:
+            return await proceed()
+        return await self._spending(asked, plan(limits, asked.identity, arguments, self._clock()), proceed)
+
+    async def _spending(self, asked: Asked, planned: list[Planned], proceed: Proceed) -> JsonObj:
+        """Reserve every charge, run the call, then give the amount back only if the call certainly did not run."""
+        key = reservation_key(asked.identity, asked.session_id, asked.request_id, asked.params)
+        charges = [p.charge for p in planned]
+        try:
+            reservation = await self._store(lambda: self._spend.reserve(key, charges, self._clock()))
+        except GatewayError:
+            if self.enforce:
+                raise
+            return await proceed()  # observing refuses nothing, not even for a store that cannot answer
+        if reservation.exceeded is not None:
+            over = planned[reservation.exceeded]
+            self.breached(asked, [Breach(SPEND_LIMIT_EXCEEDED, f"Tool {asked.name!r}: the amount would pass the "
+                                         f"{over.limit.window}'s spend limit",
+                                         exceeded_data(asked.name, over, reservation.total))])
+            return await proceed()  # observed: not reserved, nothing to give back
+        if reservation.duplicate:
+            return await proceed()  # a copy of a call whose first copy holds the reservation (and settles it)
+        reply: JsonObj | None = None
+        failure: BaseException | None = None
+        try:
+            reply = await proceed()
+            return reply
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            await self._close(key, charges, did_not_run(reply, failure))
+
+    async def _close(self, key: str, charges: list[Charge], give_back: bool) -> None:
+        try:
+            if give_back:
+                await self._store(lambda: self._spend.release(key, charges))
+            else:
+                await self._store(lambda: self._spend.settle(key))
+        except GatewayError:  # kept: a hold that outlives its call only stays charged (fail closed)
+            log.warning("spend_close_failed", give_back=give_back)
+
+    async def _store(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """A store operation, bounded; a fault is the closed refusal (a spend limit is never waived)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await operation()
+        except Exception as exc:
+            self._metrics.store_errors.labels(op="spend").inc()
+            log.warning("spend_store_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            raise store_unavailable() from None
 
     def breached(self, asked: Asked, breaches: list[Breach]) -> None:
         """Count and log each breach; enforcing, refuse with the first."""

@@ -80,6 +80,7 @@ class Delegator:
                 parent_id=parent.token_id, depth=plan.depth, now=now,
                 ancestors=plan.ancestors, max_depth=plan.max_depth,
                 resources=plan.resources, prompts=plan.prompts,
+                controls=parent.controls,  # a child keeps every tool control of its parent
             )
         except ValueError as exc:
             raise DelegationRefused(f"could not mint the child token: {exc}") from None

@@ -17,6 +17,7 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.auth.caveats import CAVEAT_NUMBER_LIMIT
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.patterns import PatternKind, allowed_by, is_pattern, merge_filters, pattern_error
+from satgate_mcp.policy.controls import Controls
 
 DEFAULT_MAX_DEPTH = 3
 MAX_LABEL_CHARS = 200
@@ -43,6 +44,7 @@ class Minter(Protocol):
         max_depth: int | None = None,
         resources: Sequence[str] | None = None,
         prompts: Sequence[str] | None = None,
+        controls: Sequence[Controls] = (),
     ) -> str: ...
 
 

@@ -26,6 +26,7 @@ from satgate_mcp.policy.budget import BudgetStore
 from satgate_mcp.policy.duplicates import DuplicateStore
 from satgate_mcp.policy.limits import RateLimiter
 from satgate_mcp.policy.pins import PinStore
+from satgate_mcp.policy.spend import SpendStore
 from satgate_mcp.sessions import TombstoneStore
 from satgate_mcp.stores.errors import STORE_ERRORS
 from satgate_mcp.stores.files import FileRevocationStore
@@ -36,14 +37,17 @@ from satgate_mcp.stores.memory import (
     MemoryPinStore,
     MemoryRevocationStore,
 )
+from satgate_mcp.stores.memory_spend import MemorySpendStore
 from satgate_mcp.stores.redis.admissions import RedisAdmissions
 from satgate_mcp.stores.redis.console import RedisBoard
 from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
+from satgate_mcp.stores.redis.spend import RedisSpendStore
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
 from satgate_mcp.stores.sqlite import DB_NAME, LocalState, open_pins_database, open_revocations_database
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
+from satgate_mcp.stores.sqlite.spend import SqliteSpendStore
 
 Closer = Callable[[], Awaitable[None]]
 
@@ -92,6 +96,8 @@ class Stores:
     pins: PinStore = field(default_factory=MemoryPinStore)
     #: Where each process publishes the console's figures for the others (Redis); None: this process alone.
     board: RedisBoard | None = None
+    #: Spend-limit sums of tool controls: in the state database or on Redis, like the rest.
+    spend: SpendStore = field(default_factory=MemorySpendStore)
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -139,7 +145,7 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
     # The database closes last: after the revocations (and the policy and authenticator, closed before).
     return Stores("sqlite", None, state.budgets, state.duplicates, state.admissions, revocations,
                   files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose),
-                  pins=SqlitePinStore(state.db))
+                  pins=SqlitePinStore(state.db), spend=SqliteSpendStore(state.db))
 
 
 def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
@@ -152,7 +158,8 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
     return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, admissions, revocations, files,
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
-                  pins=RedisPinStore(policy.client), board=RedisBoard(policy.client))
+                  pins=RedisPinStore(policy.client), board=RedisBoard(policy.client),
+                  spend=RedisSpendStore(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:

@@ -46,6 +46,11 @@ def test_a_narrowed_token_keeps_its_parents_rules_and_adds_its_own() -> None:
     assert identity.token_id == "tok"
 
 
+def test_a_token_minted_for_a_delegated_child_carries_every_controls_caveat_given() -> None:
+    identity = verify_token(KEY, mint_token(KEY, "child", now=NOW, controls=(PARENT, CHILD)), now=NOW)
+    assert identity.controls == (PARENT, CHILD)
+
+
 def test_inspect_shows_every_controls_caveat() -> None:
     info = inspect_token(add_caveats(mint_token(KEY, "tok", now=NOW, controls=PARENT), controls=CHILD))
     assert info["restrictions"]["controls"] == [

@@ -12,6 +12,7 @@ from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.controls import Controls
 from satgate_mcp.policy.engine import CallPolicy
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores import LocalState, local_stores
@@ -33,11 +34,11 @@ class FakeMinter:
                  budget_limit: float | None = None, tenant: str | None = None, parent_id: str | None = None,
                  depth: int = 0, now: float | None = None, ancestors: Sequence[str] = (),
                  max_depth: int | None = None, resources: Sequence[str] | None = None,
-                 prompts: Sequence[str] | None = None) -> str:
+                 prompts: Sequence[str] | None = None, controls: Sequence[Controls] = ()) -> str:
         self.calls.append({"token_id": token_id, "ttl": ttl, "tools": tools, "budget_id": budget_id,
                            "budget_limit": budget_limit, "tenant": tenant, "parent_id": parent_id,
                            "depth": depth, "now": now, "ancestors": tuple(ancestors), "max_depth": max_depth,
-                           "resources": resources, "prompts": prompts})
+                           "resources": resources, "prompts": prompts, "controls": tuple(controls)})
         return f"fake-token-for-{token_id}"
 
     def verify(self, root_key: str, token: str) -> Identity:

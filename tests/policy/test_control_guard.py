@@ -126,3 +126,18 @@ async def test_argument_rules_refuse_before_the_upstream_and_a_narrowed_token_ca
         assert "result" in await gw.call(bearer, session, "fetch", {"url": "https://api.example.com/x"})
     assert gw.forwarded("pay") == gw.forwarded("fetch") == 2
     assert gw.forwarded("pay_later") == 0
+
+
+@pytest.mark.parametrize(("environment", "explicit"), [
+    pytest.param({"SATGATE_ENFORCEMENT": "observe"}, True, id="set-in-the-environment"),
+    pytest.param({"SATGATE_ENFORCEMENT": "shadow"}, True, id="older-name"),
+    pytest.param({}, False, id="unset"),
+])
+def test_the_settings_tell_an_operators_observe_from_the_default(monkeypatch: pytest.MonkeyPatch,
+                                                                 environment: dict[str, str], explicit: bool) -> None:
+    monkeypatch.delenv("SATGATE_ENFORCEMENT", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.enforcement == "observe"
+    assert enforces(settings.enforcement, "enforcement" in settings.model_fields_set) is not explicit

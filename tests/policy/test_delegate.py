@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from satgate_mcp.auth.macaroons import verify_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.controls import parse_controls
 from satgate_mcp.policy.engine import CallPolicy
 from tests.fakes import FakeClock
 from tests.policy.helpers import (
@@ -37,7 +39,8 @@ async def test_delegate_moves_credits_and_mints_a_narrower_child() -> None:
                    "label": "crawler", "parentRemaining": 6}
     assert minter.calls == [{"token_id": "dlg-abc", "ttl": 60, "tools": ["db_read"], "budget_id": "dlg-budget-abc",
                              "budget_limit": 4, "tenant": "acme", "parent_id": "parent-1", "depth": 1, "now": WALL,
-                             "ancestors": ("parent-1",), "max_depth": None, "resources": None, "prompts": None}]
+                             "ancestors": ("parent-1",), "max_depth": None, "resources": None, "prompts": None,
+                             "controls": ()}]
     assert (await policy.budget_status(PARENT))["remaining"] == 6
     child = Identity("dlg-abc", budget_id="dlg-budget-abc", budget_limit=4)
     assert (await policy.budget_status(child))["remaining"] == 4
@@ -45,6 +48,14 @@ async def test_delegate_moves_credits_and_mints_a_narrower_child() -> None:
     assert (event["ok"], event["token_id"], event["parent_id"], event["budget"], event["parent_remaining"]) == (
         True, "dlg-abc", "parent-1", 4, 6)
     assert all("fake-token" not in str(fields) for _, fields in publisher.events)
+
+
+async def test_a_delegated_child_keeps_every_tool_control_of_its_parent() -> None:
+    rules = (parse_controls('{"args": [{"tools": ["db_*"], "field": "table", "one_of": ["users"]}]}'),
+             parse_controls('{"approvals": [{"tools": ["db_write"]}]}'))
+    policy, _, _, minter = make_policy(new_id=lambda: "abc")
+    await policy.delegate(replace(PARENT, controls=rules), {"budget": 1, "tools": ["db_read"]})
+    assert minter.calls[0]["controls"] == rules
 
 
 async def test_delegation_refusal_shape() -> None:
