@@ -106,3 +106,23 @@ async def test_a_token_with_a_malformed_control_is_a_401(tmp_path: Path) -> None
         assert resp.status_code == 401
     finally:
         await gw.kill()
+
+
+async def test_an_operators_observe_lets_breaches_through_and_counts_them(tmp_path: Path) -> None:
+    upstreams = {"p": {"transport": "stdio", "command": upstream_command("--payments")}}
+    gw = GatewayProcess(tmp_path, root_key=KEY, settings={"SATGATE_UPSTREAMS": json.dumps(upstreams),
+                                                          "SATGATE_ENFORCEMENT": "observe"})
+    token = mint_token(KEY, "agent-9", controls=parse_controls(json.dumps(CONTROLS)))
+    try:
+        gw.start()
+        await gw.wait_ready()
+        async with asyncio.timeout(60), sdk_session(gw.url, token, timeout=TIMEOUT) as session:
+            assert await call_text(session, "pay", {"amount": 300, "vendor": "evil"}, timeout=TIMEOUT) \
+                == "paid 300 to evil"
+            async with httpx2.AsyncClient(trust_env=False, timeout=TIMEOUT) as http:
+                metrics = (await http.get(f"{gw.url}/metrics")).text
+        assert 'satgate_control_breaches_total{error="argument_denied",mode="observed"} 1.0' in metrics
+        assert 'satgate_control_breaches_total{error="spend_limit_exceeded",mode="observed"} 1.0' in metrics
+        assert [e["enforced"] for e in gw.events("control_breach")] == [False, False]
+    finally:
+        await gw.kill()
