@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2
-import redis.asyncio as redis
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
@@ -48,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from satgate_mcp.auth.macaroons import mint_token  # noqa: E402
-from tests.gateway_process import GatewayProcess, child_pids, free_port, sdk_session  # noqa: E402
+from tests.cluster.redis_server import RedisServer  # noqa: E402
+from tests.gateway_process import GatewayProcess, child_pids, sdk_session  # noqa: E402
 
 ROOT_KEY = "chaos-script-root-key-0123456789abcdefghijkl"
 BUDGET = 1_000_000
@@ -222,46 +222,15 @@ class Agent:
         self.tally.answered_by_token[self.token_id] += 1
 
 
-class OwnRedis:
+class OwnRedis(RedisServer):
     """A redis-server of the script's own (the machine's shared one is never paused or killed), append-only with
     an fsync per write, so a SIGKILL loses nothing it acknowledged."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    async def start(self) -> None:
-        self.proc = subprocess.Popen(  # noqa: ASYNC220 (a daemon left running; nothing to await)
+    def spawn(self) -> None:
+        self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
              "--appendfsync", "always", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        try:
-            async with asyncio.timeout(10):
-                while True:
-                    with contextlib.suppress(OSError, redis.RedisError):
-                        if await client.ping():
-                            return
-                    await asyncio.sleep(0.05)
-        finally:
-            await client.aclose()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    async def pause(self, milliseconds: int) -> None:
-        client = redis.Redis.from_url(self.url)
-        try:
-            await client.client_pause(milliseconds)
-        finally:
-            await client.aclose()
 
 
 def rss_kib(gw: GatewayProcess) -> int:
