@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.client import Client, client_session
 from bench.load import WARMUP_SECONDS, load_phase
-from bench.processes import Gateway, make_auth, stop_all
+from bench.processes import Auth, Gateway, make_auth, stop_all
 from bench.stats import median
 
 PLAIN = "gateway-header"
@@ -70,11 +70,10 @@ def render(result: dict[str, Any], variant: Variant) -> str:
     return "\n".join(rows)
 
 
-async def one_round(target: str, round_no: int, args: argparse.Namespace, workdir: Path, variant: Variant
-                    ) -> dict[str, Any]:
-    auth = make_auth("header", args.sessions)
-    extra_env = {"SATGATE_STATE_DIR": "memory", **(variant.env(workdir) if target == variant.target else {})}
-    gateway = Gateway(auth, args.log_level, workdir, name=f"{target}-r{round_no}", extra_env=extra_env)
+async def loaded_gateway(auth: Auth, args: argparse.Namespace, workdir: Path, name: str,
+                         extra_env: dict[str, str]) -> dict[str, Any]:
+    """One fresh gateway with these settings: its sessions opened, a warm-up, then one measured load phase."""
+    gateway = Gateway(auth, args.log_level, workdir, name=name, extra_env={"SATGATE_STATE_DIR": "memory", **extra_env})
     gateway.start()
     try:
         async with client_session(args.workers) as http:
@@ -82,9 +81,15 @@ async def one_round(target: str, round_no: int, args: argparse.Namespace, workdi
             client = Client(http, gateway.mcp_url)
             sessions = [await client.open(token) for token in auth.tokens]
             await load_phase(client, sessions, args.workers, min(WARMUP_SECONDS, args.duration), None)
-            load = await load_phase(client, sessions, args.workers, args.duration, gateway.pid)
+            return await load_phase(client, sessions, args.workers, args.duration, gateway.pid)
     finally:
         gateway.stop()
+
+
+async def one_round(target: str, round_no: int, args: argparse.Namespace, workdir: Path, variant: Variant
+                    ) -> dict[str, Any]:
+    extra_env = variant.env(workdir) if target == variant.target else {}
+    load = await loaded_gateway(make_auth("header", args.sessions), args, workdir, f"{target}-r{round_no}", extra_env)
     return {"target": target, "round": round_no, **load}
 
 

@@ -22,9 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.client import Client, client_session
-from bench.load import WARMUP_SECONDS, load_phase
-from bench.processes import HOST, Gateway, make_auth, stop_all
+from bench.paired import loaded_gateway
+from bench.processes import HOST, make_auth, stop_all
 from bench.stats import median
 
 MODES = ("off", "otlp")
@@ -98,19 +97,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 async def one_round(mode: str, round_no: int, args: argparse.Namespace, workdir: Path, port: int) -> dict[str, Any]:
-    auth = make_auth(args.auth, args.sessions)
-    gateway = Gateway(auth, args.log_level, workdir, name=f"tracing-{mode}-r{round_no}",
-                      extra_env={"SATGATE_STATE_DIR": "memory", **tracing_env(mode, port)})
-    gateway.start()
-    try:
-        async with client_session(args.workers) as http:
-            await gateway.wait_ready(http)
-            client = Client(http, gateway.mcp_url)
-            sessions = [await client.open(token) for token in auth.tokens]
-            await load_phase(client, sessions, args.workers, min(WARMUP_SECONDS, args.duration), None)
-            load = await load_phase(client, sessions, args.workers, args.duration, gateway.pid)
-    finally:
-        gateway.stop()
+    load = await loaded_gateway(make_auth(args.auth, args.sessions), args, workdir, f"tracing-{mode}-r{round_no}",
+                                tracing_env(mode, port))
     return {"mode": mode, "round": round_no, **load}
 
 
