@@ -63,25 +63,25 @@ def open_revocations_database(folder: Path) -> SqliteRevocationStore | None:
 
     ``token revoke`` must not create one: run from the wrong folder, it would write where no daemon reads.
     """
-    if not (folder / DB_NAME).is_file():
-        return None
-    try:
-        db = Database(folder / DB_NAME)
-    except StateError as exc:
-        raise ConfigError(f"SATGATE_STATE_DIR={folder}: {exc}") from None
-    return SqliteRevocationStore(db, owns_db=True)
+    db = _existing_database(folder)
+    return None if db is None else SqliteRevocationStore(db, owns_db=True)
 
 
 def open_pins_database(folder: Path) -> SqlitePinStore | None:
     """The pins of a database a daemon already made in ``folder`` (None: there is none); ``tools approve`` must
     not create one."""
+    db = _existing_database(folder)
+    return None if db is None else SqlitePinStore(db, owns_db=True)
+
+
+def _existing_database(folder: Path) -> Database | None:
+    """The database a daemon already made in ``folder``, opened; None when there is none (a command never makes one)."""
     if not (folder / DB_NAME).is_file():
         return None
     try:
-        db = Database(folder / DB_NAME)
+        return Database(folder / DB_NAME)
     except StateError as exc:
         raise ConfigError(f"SATGATE_STATE_DIR={folder}: {exc}") from None
-    return SqlitePinStore(db, owns_db=True)
 
 
 __all__ = ["DB_NAME", "LocalState", "StateError", "open_pins_database", "open_revocations_database"]
