@@ -56,9 +56,10 @@ class Features:
 
 #: What a view shows for a feature that is absent, and the 409 its actions answer.
 OFF: dict[str, str] = {
-    "approvals": "Held calls are off: no token carries an approvals control, or tool controls are not on this "
-                 "gateway.",
-    "spend_limits": "Spend limits per window are off: tool controls are not configured on this gateway.",
+    "approvals": "Held calls are not built yet: a call an approvals control matches is refused "
+                 "(approval_required), never held.",
+    "spend_limits": "Spend limits per window are not shown here yet: the console does not read the spend store "
+                    "(token inspect shows a token's limits; refusals name what remains).",
     "audit": "The audit trail is off: set SATGATE_AUDIT_FILE.",
     "breakers": "No circuit breaker is configured for any HTTP upstream.",
     "policy": "Policy rules are off: set SATGATE_POLICY_FILE.",

@@ -115,7 +115,7 @@ async def _every_view(page: Page) -> None:
     await expect(page.get_by_role("status")).to_contain_text("Done: ended")
     await expect(page.get_by_role("cell", name="agent-3", exact=True)).to_have_count(0)
     texts = {"overview": "Live sessions", "upstreams": "Tools and pins", "tokens": "team-acme",
-             "approvals": "Held calls are off", "policy": "keep-the-users-table"}
+             "approvals": "Held calls are not built yet", "policy": "keep-the-users-table"}
     for view in VIEWS:
         await page.goto(page.url.split("#")[0] + f"#{view}")
         await expect(page.get_by_text(texts.get(view, "Sessions ("), exact=False).first).to_be_visible()
