@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -32,6 +33,7 @@ from satgate_mcp.guards import Guard, Guards
 from satgate_mcp.keys import (
     AUDIT,
     CONSOLE,
+    HOLDS,
     INFLIGHT,
     METRICS,
     POLICY_FILE,
@@ -48,6 +50,7 @@ from satgate_mcp.policy.audit_trail import AuditEvents, Auditor
 from satgate_mcp.policy.control_guard import ControlsGuard, enforces
 from satgate_mcp.policy.decide import Decider
 from satgate_mcp.policy.engine import CallPolicy
+from satgate_mcp.policy.holds import Holds
 from satgate_mcp.policy.pin_guard import PinGuard
 from satgate_mcp.policy.policy_file import PolicyFile, load_at_start
 from satgate_mcp.policy.rule_guard import PolicyGuard
@@ -87,21 +90,28 @@ def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: 
     calls pay nothing for it), then policy rules, then the token's tool controls (header mode: only macaroons carry
     them)."""
     guards: list[Guard] = [pins] if pins is not None and pins.enforcing else []
-    settings = app[SETTINGS]
+    settings, stores = app[SETTINGS], app[STORES]
+    holds = app[HOLDS] = Holds(stores.approvals, publisher=publisher, metrics=metrics, ttl=settings.approval_ttl,
+                               per_family=settings.approvals_per_token, timeout=stores.timeout,
+                               notify=_approval_webhook(app))
     if settings.policy_file is not None:  # a bad file stops the start here, in one line
         default = Effect(settings.policy_default)
         rules = load_at_start(settings.policy_file, default)
         policy = PolicyGuard(Decider(rules), publisher=publisher, metrics=metrics,
-                             owner_of_tool=app[POOL].owner_of_tool)
+                             owner_of_tool=app[POOL].owner_of_tool, holds=holds)
         app[POLICY_FILE] = PolicyFile(settings.policy_file, default, policy, publisher=publisher, metrics=metrics)
         app.cleanup_ctx.append(_policy_watch)
         guards.append(policy)
     if settings.auth_mode == "header":
         enforce = enforces(settings.enforcement, "enforcement" in settings.model_fields_set)
-        stores = app[STORES]
         guards.append(ControlsGuard(enforce=enforce, publisher=publisher, metrics=metrics, spend=stores.spend,
-                                    timeout=stores.timeout))
+                                    holds=holds, timeout=stores.timeout))
     return guards
+
+
+def _approval_webhook(app: web.Application) -> Callable[[dict[str, Any]], None] | None:
+    """``SATGATE_APPROVAL_WEBHOOK``'s sender (started and stopped with the app), or None."""
+    return None
 
 
 async def _policy_watch(app: web.Application) -> AsyncIterator[None]:

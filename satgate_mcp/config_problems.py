@@ -66,6 +66,8 @@ SETTING_EXAMPLES: dict[str, str] = {
     "events_file": "/var/log/satgate-mcp/events.jsonl",
     "policy_file": "/etc/satgate-mcp/policy.yaml",
     "audit_file": "/var/lib/satgate-mcp/audit.jsonl",
+    "approval_webhook": "https://hooks.example.com/satgate-approvals",
+    "approval_webhook_secret": _SECRET_ONE_LINER,
     "redis_url": "redis://127.0.0.1:6379/0",
     "state_dir": "/var/lib/satgate-mcp",
     "log_format": "json",

@@ -43,6 +43,14 @@ CONSOLE_ACTION: Final = "console_action"
 #: A call broke a token's tool controls (``error``: argument_denied, spend_limit_exceeded, ...); ``enforced``
 #: false: SATGATE_ENFORCEMENT=observe let it through. Never the argument's value.
 CONTROL_BREACH: Final = "control_breach"
+#: A call was held for an operator's approval (``approval_id``, ``tool``, ``reason``, ``expires_at``).
+APPROVAL_REQUESTED: Final = "approval_requested"
+#: An operator approved or denied a held call (``decision``, ``by``); published by whoever took it.
+APPROVAL_DECIDED: Final = "approval_decided"
+#: An approved call ran: its approval is used up (a second copy needs a new one).
+APPROVAL_USED: Final = "approval_used"
+#: A call asked its user for confirmation (``answer``: accepted, declined or unavailable).
+CONFIRMATION: Final = "confirmation"
 
 
 class Publisher(Protocol):

@@ -11,6 +11,7 @@ from satgate_mcp.console.parts import Parts
 from satgate_mcp.contracts import Pool
 from satgate_mcp.inflight import InflightLimiter
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.holds import Holds
 from satgate_mcp.policy.policy_file import PolicyFile
 from satgate_mcp.sessions import SessionRegistry
 from satgate_mcp.settings import Settings
@@ -30,6 +31,8 @@ RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
 STORES = web.AppKey("stores", Stores)
 #: Present with SATGATE_POLICY_FILE: the file every process re-reads when it changes.
 POLICY_FILE = web.AppKey("policy_file", PolicyFile)
+#: Approval holds and confirmations: the console's decisions wake the calls this process keeps waiting.
+HOLDS = web.AppKey("holds", Holds)
 
 
 #: Present with SATGATE_CONSOLE=on: what the console reads (tests take a sample now through its sampler).

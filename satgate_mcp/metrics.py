@@ -88,6 +88,11 @@ class Metrics:
                                         "Tool calls that broke a token's tool controls, by refusal code and mode "
                                         "(`enforced`: refused; `observed`: SATGATE_ENFORCEMENT=observe let it through)",
                                         ["error", "mode"], registry=r)
+        self.approvals = Counter("satgate_approval_holds", "Held tool calls, by what the call found (`requested`: a "
+                                 "new approval asked for; `pending`, `approved` (run once), `denied`, `expired`, "
+                                 "`full`: the token's queue of pending approvals is full)", ["outcome"], registry=r)
+        self.confirmations = Counter("satgate_confirmations", "Tool calls that asked their user for confirmation, by "
+                                     "answer (`accepted`, `declined`, `unavailable`)", ["answer"], registry=r)
         #: The children a call's path touches, by label values in the order the metric declares them.
         self.tool_call_outcomes = Children(self.tool_calls)
         self.upstream_latencies = Children(self.upstream_latency)

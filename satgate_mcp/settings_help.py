@@ -256,6 +256,22 @@ MEANINGS: dict[str, str] = {
     "audit_args": (
         "What an audit line keeps of a call's arguments: `digest` (their SHA-256, `args_sha256`), `full`, or `none`."
     ),
+    "approval_ttl": (
+        "Seconds a call held for an operator's approval (tool controls' `approvals`, a policy rule's `hold`) waits "
+        "for a decision; after it the identical call gets `approval_expired`. See "
+        "[README](../README.md#tool-controls)."
+    ),
+    "approvals_per_token": (
+        "Pending approvals one token, with the tokens delegated from it, may have at once; one more call to hold "
+        "gets `approval_queue_full`."
+    ),
+    "approval_webhook": (
+        "An `http(s)` URL that receives each approval request (and decision) as JSON, signed under "
+        "`SATGATE_APPROVAL_WEBHOOK_SECRET`; retried with backoff, never blocking the call."
+    ),
+    "approval_webhook_secret": (
+        "The key of the webhook's `X-Satgate-Signature: sha256=HMAC-SHA256(key, timestamp + \".\" + body)`."
+    ),
     "audit_fail_mode": (
         "A call the audit trail cannot record (its queue is full, its disk fails): `closed` refuses it with 503 + "
         "`Retry-After`; `open` serves it and counts the line in `satgate_audit_dropped_total`."

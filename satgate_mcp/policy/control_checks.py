@@ -1,10 +1,9 @@
 """What a call breaks of its token's tool controls: pure decisions over the controls, the tool and its arguments.
 
-Every ``controls`` caveat applies; the breaches are listed in the order a caller can fix them (argument
-rules, then approval holds, then user confirmation), and the guard refuses with the first one (or, under
-``SATGATE_ENFORCEMENT=observe``, logs and counts each). A breach never carries an argument's value: it may be
-a secret. Until approval holds and user confirmation are built, a call that needs either is refused (fail
-closed): a token never gets less control than it carries.
+Every ``controls`` caveat applies. The argument rules' breaches are refused with the first one (or, under
+``SATGATE_ENFORCEMENT=observe``, logged and counted each); then the approval hold and the user confirmation a
+call falls under (every matching entry of every caveat as one hold and one question) are run by the guard
+(policy/holds.py). A breach never carries an argument's value: it may be a secret.
 """
 
 from __future__ import annotations
@@ -14,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from satgate_mcp.policy.arg_rules import allowed, passes
-from satgate_mcp.policy.control_values import number_of
+from satgate_mcp.policy.control_values import decimal_text, number_of
 from satgate_mcp.policy.controls import ApprovalRule, ArgRule, Controls, applies
 
 ARGUMENT_DENIED = "argument_denied"
 SPEND_LIMIT_EXCEEDED = "spend_limit_exceeded"
 APPROVAL_REQUIRED = "approval_required"
-CONFIRMATION_UNAVAILABLE = "confirmation_unavailable"
+#: Observed only (SATGATE_ENFORCEMENT=observe): a call that would have asked its user.
+CONFIRMATION_REQUIRED = "confirmation_required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,28 +61,64 @@ def needs_approval(rule: ApprovalRule, arguments: Mapping[str, Any]) -> bool:
     return amount is None or amount > rule.above
 
 
-def approval_breach(rule: ApprovalRule, tool: str) -> Breach:
-    data: dict[str, Any] = {"tool": tool}
-    if rule.field is not None:
-        data |= {"field": rule.field, "above": str(rule.above)}
-    return Breach(APPROVAL_REQUIRED, f"Tool {tool!r} needs an operator's approval, which this gateway cannot take "
-                  "yet: the call is refused", data)
+def approval_reason(rule: ApprovalRule) -> str:
+    """Why the call waits, as the operator and the agent read it."""
+    if rule.field is None or rule.above is None:
+        return "every call of this tool is approved by an operator"
+    return f"{rule.field} above {decimal_text(rule.above)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One held call's terms: every matching entry's reason, and the shortest ``wait`` any of them gives."""
+
+    reason: str
+    wait: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """One confirmation for every matching entry: their messages and the arguments they list."""
+
+    message: str
+    fields: tuple[str, ...]
 
 
 def judge(controls: tuple[Controls, ...], tool: str, arguments: Mapping[str, Any]) -> list[Breach]:
-    """Every breach of every caveat's argument rules, approval holds and confirmations, in that order."""
+    """Every breach of every caveat's argument rules."""
     breaches: list[Breach] = []
     for caveat in controls:
         for rule in caveat.args:
             if applies(rule.tools, tool) and (breach := check_argument(rule, tool, arguments)) is not None:
                 breaches.append(breach)
-    for caveat in controls:
-        for approval in caveat.approvals:
-            if applies(approval.tools, tool) and needs_approval(approval, arguments):
-                breaches.append(approval_breach(approval, tool))
-    for caveat in controls:
-        for confirm in caveat.confirm:
-            if applies(confirm.tools, tool):
-                breaches.append(Breach(CONFIRMATION_UNAVAILABLE, f"Tool {tool!r} needs the user's confirmation, "
-                                       "which this gateway cannot ask for yet: the call is refused", {"tool": tool}))
     return breaches
+
+
+def hold_for(controls: tuple[Controls, ...], tool: str, arguments: Mapping[str, Any]) -> Hold | None:
+    """The approval hold a call falls under (every caveat's matching entries as one), or None."""
+    rules = [rule for caveat in controls for rule in caveat.approvals
+             if applies(rule.tools, tool) and needs_approval(rule, arguments)]
+    if not rules:
+        return None
+    waits = [rule.wait for rule in rules if rule.wait is not None]
+    return Hold("; ".join(dict.fromkeys(approval_reason(rule) for rule in rules)), min(waits) if waits else None)
+
+
+def confirm_for(controls: tuple[Controls, ...], tool: str) -> Confirm | None:
+    """The user confirmation a call needs (every caveat's matching entries as one question), or None."""
+    rules = [rule for caveat in controls for rule in caveat.confirm if applies(rule.tools, tool)]
+    if not rules:
+        return None
+    fields = tuple(dict.fromkeys(name for rule in rules for name in rule.fields))
+    return Confirm("\n".join(dict.fromkeys(rule.message for rule in rules)), fields)
+
+
+def approval_breach(hold: Hold, tool: str) -> Breach:
+    """What observing records of a call that would have been held."""
+    return Breach(APPROVAL_REQUIRED, f"Tool {tool!r} would be held for an operator's approval ({hold.reason})",
+                  {"tool": tool})
+
+
+def confirm_breach(tool: str) -> Breach:
+    """What observing records of a call that would have asked its user."""
+    return Breach(CONFIRMATION_REQUIRED, f"Tool {tool!r} would ask the user's confirmation", {"tool": tool})

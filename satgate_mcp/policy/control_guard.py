@@ -1,8 +1,10 @@
 """Tool controls as a guard (guards.py): each call judged by its token's ``controls`` caveats before it goes on.
 
 A token without controls (and any request but a tool call) goes straight through: nothing is paid for
-controls nobody carries. Otherwise the call's breaches (control_checks.py) are refused with the first one,
-JSON-RPC -32001 and ``data.error`` naming the control; under ``SATGATE_ENFORCEMENT=observe`` chosen by the
+controls nobody carries. Otherwise, in the order a caller can act on them: the argument rules' breaches
+(control_checks.py) are refused with the first one, JSON-RPC -32001 and ``data.error`` naming the control;
+then an approval hold, then the user's confirmation (policy/holds.py), then the spend limits' reservation
+around the call (so nothing is reserved while a person decides). Under ``SATGATE_ENFORCEMENT=observe`` chosen by the
 operator, each breach is logged and counted and the call goes on. The setting's default is ``observe`` for
 rate limits and budgets; controls a token carries are enforced unless the operator chose ``observe`` outright
 (``enforces``), so no control is fail-open by default.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 import structlog
@@ -24,7 +27,18 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.guards import Asked, ClientFacts, Proceed
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.control_checks import SPEND_LIMIT_EXCEEDED, Breach, amount_breach, arguments_of, judge
+from satgate_mcp.policy.control_checks import (
+    SPEND_LIMIT_EXCEEDED,
+    Breach,
+    amount_breach,
+    approval_breach,
+    arguments_of,
+    confirm_breach,
+    confirm_for,
+    hold_for,
+    judge,
+)
+from satgate_mcp.policy.holds import Holds
 from satgate_mcp.policy.spend import (
     Charge,
     Planned,
@@ -51,9 +65,10 @@ class ControlsGuard:
     """``Guard``: the calling token's tool controls; ``enforce`` False only observes. Spend limits reserve in
     ``spend`` (the state store) around the call, bounded by ``timeout``; a store that cannot answer refuses."""
 
-    def __init__(self, *, enforce: bool, publisher: Publisher, metrics: Metrics, spend: SpendStore,
+    def __init__(self, *, enforce: bool, publisher: Publisher, metrics: Metrics, spend: SpendStore, holds: Holds,
                  clock: Callable[[], float] = time.time, timeout: float | None = None) -> None:
         self.enforce = enforce
+        self._holds = holds
         self._publisher = publisher
         self._metrics = metrics
         self._spend = spend
@@ -71,9 +86,21 @@ class ControlsGuard:
         breaches += [amount_breach(asked.name, limit.field) for limit in unpriced]
         if breaches:
             self.breached(asked, breaches)
-        if not limits or unpriced:
-            return await proceed()
-        return await self._spending(asked, plan(limits, asked.identity, arguments, self._clock()), proceed)
+        spending: Proceed = proceed
+        if limits and not unpriced:
+            planned = plan(limits, asked.identity, arguments, self._clock())
+            spending = partial(self._spending, asked, planned, proceed)
+        confirmed: Proceed = spending
+        if (confirm := confirm_for(controls, asked.name)) is not None:
+            if self.enforce:
+                confirmed = partial(self._holds.confirm, asked, confirm.message, confirm.fields, spending)
+            else:
+                self.breached(asked, [confirm_breach(asked.name)])
+        if (hold := hold_for(controls, asked.name, arguments)) is not None:
+            if self.enforce:
+                return await self._holds.hold(asked, hold.reason, hold.wait, confirmed)
+            self.breached(asked, [approval_breach(hold, asked.name)])
+        return await confirmed()
 
     async def _spending(self, asked: Asked, planned: list[Planned], proceed: Proceed) -> JsonObj:
         """Reserve every charge, run the call, then give the amount back only if the call certainly did not run."""

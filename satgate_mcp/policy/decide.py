@@ -42,6 +42,8 @@ class Decision:
     reason: str
     #: Why the deciding condition could not be evaluated (the call is denied with ``policy_error``).
     error: str | None = None
+    #: A ``hold`` rule's wait (seconds the call stays open for the decision).
+    wait: int | None = None
 
     @property
     def denied(self) -> bool:
@@ -156,12 +158,12 @@ class PlanKey(NamedTuple):
 def _matched(rule: Rule, context: Any) -> Decision | None:
     """The rule's decision when its condition holds (or fails: a deny), else None."""
     if rule.when is None:
-        return Decision(rule.effect, rule.name, rule.reason)
+        return Decision(rule.effect, rule.name, rule.reason, wait=rule.wait)
     try:
         holds = rule.when.evaluate(context)
     except ConditionError as exc:
         return Decision(Effect.DENY, rule.name, rule.reason, exc.message)
-    return Decision(rule.effect, rule.name, rule.reason) if holds else None
+    return Decision(rule.effect, rule.name, rule.reason, wait=rule.wait) if holds else None
 
 
 class Decider:

@@ -41,7 +41,7 @@ def explain(rules: RuleSet, method: str, name: str, variables: JsonObj) -> tuple
     verdicts = [_verdict(rule, method, name, context) for rule in rules.rules]
     for rule, verdict in zip(rules.rules, verdicts, strict=True):
         if verdict.outcome == "true":
-            return verdicts, Decision(rule.effect, rule.name, rule.reason)
+            return verdicts, Decision(rule.effect, rule.name, rule.reason, wait=rule.wait)
         if verdict.outcome == "error":
             return verdicts, Decision(Effect.DENY, rule.name, rule.reason, verdict.detail)
     return verdicts, Decision(rules.default, None, "no rule matched: SATGATE_POLICY_DEFAULT decides")

@@ -19,6 +19,7 @@ from satgate_mcp.guards import Asked, ClientFacts, Proceed
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.decide import Decider, Decision
+from satgate_mcp.policy.holds import Holds
 from satgate_mcp.policy.rules import Effect
 from satgate_mcp.upstream.catalog import Kind
 
@@ -41,8 +42,10 @@ class PolicyGuard:
     """``Guard``: the current rules judge each call; ``use`` swaps them in whole."""
 
     def __init__(self, decider: Decider, *, publisher: Publisher, metrics: Metrics,
-                 owner_of_tool: Callable[[str], str | None] = lambda name: None) -> None:
+                 owner_of_tool: Callable[[str], str | None] = lambda name: None, holds: Holds | None = None) -> None:
         self.decider = decider
+        #: Runs the ``hold`` and ``confirm`` effects; None (a guard built without it) refuses such calls.
+        self._holds = holds
         self._publisher = publisher
         self._metrics = metrics
         self._owner_of_tool = owner_of_tool
@@ -58,6 +61,12 @@ class PolicyGuard:
         self._metrics.policy_decision(decision.rule or DEFAULT_RULE_LABEL, effect).inc()
         if decision.effect is Effect.ALLOW:
             return await proceed()
+        if decision.effect is Effect.HOLD and self._holds is not None:
+            reason = decision.reason or f"policy rule {decision.rule}"
+            return await self._holds.hold(asked, reason, decision.wait, proceed)
+        if decision.effect is Effect.CONFIRM and self._holds is not None:
+            message = decision.reason or f"Allow the call of {asked.name[:200]}?"
+            return await self._holds.confirm(asked, message, (), proceed)
         self._metrics.refusals.labels(reason="policy_error" if decision.error else "policy_denied").inc()
         self._publisher.publish(events.POLICY_DENIED, token_id=asked.identity.token_id, session_id=asked.session_id,
                                 method=asked.method, kind=asked.target, name=asked.name[:200], rule=decision.rule,

@@ -25,6 +25,14 @@ from satgate_mcp.policy.conditions import Condition, ConditionError, compile_con
 class Effect(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
+    #: The call waits for an operator's approval (policy/holds.py), like a token's ``approvals`` control.
+    HOLD = "hold"
+    #: The call asks its user first (policy/holds.py), like a token's ``confirm`` control; ``reason`` is the question.
+    CONFIRM = "confirm"
+
+
+#: The longest ``wait`` of a ``hold`` rule: common clients give up on a call at 60 s.
+MAX_HOLD_WAIT_SECONDS = 50
 
 
 #: The methods a rule may name: the calls the guards judge, and the lists whose items rules hide.
@@ -32,7 +40,7 @@ CALL_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 LIST_METHODS = frozenset({"tools/list", "resources/list", "prompts/list"})
 METHODS = CALL_METHODS | LIST_METHODS
 DEFAULT_METHODS = ("tools/call",)
-RULE_FIELDS = frozenset({"name", "methods", "tools", "when", "effect", "reason"})
+RULE_FIELDS = frozenset({"name", "methods", "tools", "when", "effect", "reason", "wait"})
 MAX_RULES = 10_000
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_REASON_CHARS = 500
@@ -68,6 +76,8 @@ class Rule:
     when: Condition | None
     effect: Effect
     reason: str
+    #: ``hold`` only: keep the call open up to this many seconds for the decision instead of refusing it at once.
+    wait: int | None = None
 
     def applies(self, method: str, name: str) -> bool:
         return method in self.methods and (self.tools is None or any(matches(p, name) for p in self.tools))
@@ -114,13 +124,27 @@ def _rule(raw: Mapping[str, Any]) -> Rule:
             raise ValueError(pattern_error(bad_pattern, kind))
     effect = raw.get("effect")
     if effect not in {e.value for e in Effect}:
-        raise ValueError(f'"effect" must be "allow" or "deny", got {str(effect)[:40]!r}')
+        raise ValueError(f'"effect" must be "allow", "deny", "hold" or "confirm", got {str(effect)[:40]!r}')
+    if effect in (Effect.HOLD, Effect.CONFIRM) and methods != {"tools/call"}:
+        raise ValueError(f'"effect": "{effect}" applies to tool calls only: give "methods": ["tools/call"] or none')
+    wait = _wait(raw, Effect(effect))
     reason = raw.get("reason", "")
     if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
         raise ValueError(f'"reason" must be a string of at most {MAX_REASON_CHARS} characters')
     when = raw.get("when")
     condition = None if when is None else compile_condition(when if isinstance(when, str) else "")
-    return Rule(str(raw["name"]), methods, tools, condition, Effect(effect), reason)
+    return Rule(str(raw["name"]), methods, tools, condition, Effect(effect), reason, wait)
+
+
+def _wait(raw: Mapping[str, Any], effect: Effect) -> int | None:
+    if "wait" not in raw:
+        return None
+    wait = raw["wait"]
+    if effect is not Effect.HOLD:
+        raise ValueError('"wait" goes with "effect": "hold" only')
+    if type(wait) is not int or not 0 < wait <= MAX_HOLD_WAIT_SECONDS:
+        raise ValueError(f'"wait" must be whole seconds from 1 to {MAX_HOLD_WAIT_SECONDS}')
+    return wait
 
 
 def _problem(file: str, name: str | None, index: int, exc: ValueError | ConditionError) -> PolicyProblem:

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from satgate_mcp.auth.revocation import RevocationSettings, RevocationStore, UnionRevocationStore
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.policy.admissions import Admissions
+from satgate_mcp.policy.approvals import ApprovalStore
 from satgate_mcp.policy.budget import BudgetStore
 from satgate_mcp.policy.duplicates import DuplicateStore
 from satgate_mcp.policy.limits import RateLimiter
@@ -37,15 +38,24 @@ from satgate_mcp.stores.memory import (
     MemoryPinStore,
     MemoryRevocationStore,
 )
+from satgate_mcp.stores.memory_approvals import MemoryApprovalStore
 from satgate_mcp.stores.memory_spend import MemorySpendStore
 from satgate_mcp.stores.redis.admissions import RedisAdmissions
+from satgate_mcp.stores.redis.approvals import RedisApprovalStore
 from satgate_mcp.stores.redis.console import RedisBoard
 from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from satgate_mcp.stores.redis.spend import RedisSpendStore
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
-from satgate_mcp.stores.sqlite import DB_NAME, LocalState, open_pins_database, open_revocations_database
+from satgate_mcp.stores.sqlite import (
+    DB_NAME,
+    LocalState,
+    open_approvals_database,
+    open_pins_database,
+    open_revocations_database,
+)
+from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.spend import SqliteSpendStore
 
@@ -98,6 +108,8 @@ class Stores:
     board: RedisBoard | None = None
     #: Spend-limit sums of tool controls: in the state database or on Redis, like the rest.
     spend: SpendStore = field(default_factory=MemorySpendStore)
+    #: Held calls waiting for an operator (approval holds): in the state database or on Redis, like the rest.
+    approvals: ApprovalStore = field(default_factory=MemoryApprovalStore)
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -145,7 +157,8 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
     # The database closes last: after the revocations (and the policy and authenticator, closed before).
     return Stores("sqlite", None, state.budgets, state.duplicates, state.admissions, revocations,
                   files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose),
-                  pins=SqlitePinStore(state.db), spend=SqliteSpendStore(state.db))
+                  pins=SqlitePinStore(state.db), spend=SqliteSpendStore(state.db),
+                  approvals=SqliteApprovalStore(state.db))
 
 
 def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
@@ -159,7 +172,7 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
                   pins=RedisPinStore(policy.client), board=RedisBoard(policy.client),
-                  spend=RedisSpendStore(policy.client))
+                  spend=RedisSpendStore(policy.client), approvals=RedisApprovalStore(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:
@@ -231,17 +244,33 @@ def no_cli_revocations_reason(settings: StateSettings) -> str | None:
 
 
 def cli_pins(settings: StateSettings) -> PinStore | str:
-    """Where ``tools pins`` and ``tools approve`` read and write: Redis, else the state folder's database a daemon
-    made (never a new one: run from the wrong folder it would approve where no daemon reads); else why not."""
+    """Where ``tools pins`` and ``tools approve`` read and write (``_cli_store``); else why not."""
+    return _cli_store(settings, "pin store", "pins", lambda: RedisPinStore.from_url(
+        settings.redis_url or "", timeout=settings.redis_timeout), open_pins_database)
+
+
+def cli_approvals(settings: StateSettings) -> ApprovalStore | str:
+    """Where ``approvals list|approve|deny`` read and decide (``_cli_store``); else why not."""
+    return _cli_store(settings, "approval store", "held calls", lambda: RedisApprovalStore.from_url(
+        settings.redis_url or "", timeout=settings.redis_timeout), open_approvals_database)
+
+
+S = TypeVar("S")
+
+
+def _cli_store(settings: StateSettings, what: str, kept: str, on_redis: Callable[[], S],
+               in_folder: Callable[[Path], S | None]) -> S | str:
+    """A command's store: Redis, else the state folder's database a daemon made (never a new one: run from the
+    wrong folder it would decide where no daemon reads); else why there is none."""
     if settings.redis_url:
-        return RedisPinStore.from_url(settings.redis_url, timeout=settings.redis_timeout)
+        return on_redis()
     folder = state_folder(settings)
     if folder is None:
-        return ("no pin store: SATGATE_STATE_DIR=memory keeps pins in each daemon's memory, and SATGATE_REDIS_URL "
+        return (f"no {what}: SATGATE_STATE_DIR=memory keeps {kept} in each daemon's memory, and SATGATE_REDIS_URL "
                 "is unset")
-    store = open_pins_database(folder)
+    store = in_folder(folder)
     if store is None:
-        return (f"no pin store: no state database at {(folder / DB_NAME).absolute()} (run this where the daemon "
+        return (f"no {what}: no state database at {(folder / DB_NAME).absolute()} (run this where the daemon "
                 "runs, or set SATGATE_STATE_DIR to its state folder, or SATGATE_REDIS_URL to its Redis)")
     return store
 
@@ -253,6 +282,7 @@ __all__ = [
     "StateSettings",
     "StoreProbe",
     "Stores",
+    "cli_approvals",
     "cli_pins",
     "cli_revocations",
     "configured_revocations",

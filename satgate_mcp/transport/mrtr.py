@@ -373,7 +373,7 @@ class ModernRelay:
     async def ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         ask = self._flow.ask(method, params)
         if ask is None:
-            return refused(f"the client did not declare the capability {method!r} needs")
+            return refused(f"the client did not declare the capability {method!r} needs", cannot_ask=True)
         try:
             answer = await ask.answer
         except FlowEnded as ended:

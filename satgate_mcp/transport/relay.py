@@ -143,8 +143,11 @@ class PendingAsks:
         return True
 
 
-def refused(message: str) -> JsonObj:
-    return jsonrpc.error_response(None, jsonrpc.INVALID_REQUEST, message, {"error": "not_relayed"})
+def refused(message: str, *, cannot_ask: bool = False) -> JsonObj:
+    """A relayed request's answer made by the gateway; ``cannot_ask``: this client can never be asked it (no stream,
+    no capability), so a question of the gateway's own (a confirmation) is unavailable rather than declined."""
+    data: JsonObj = {"error": "not_relayed", "cannot_ask": True} if cannot_ask else {"error": "not_relayed"}
+    return jsonrpc.error_response(None, jsonrpc.INVALID_REQUEST, message, data)
 
 
 #: Writes one message to the call's client; False when the client is gone.
@@ -222,7 +225,7 @@ class CallRelay:
     async def _ask(self, method: str, params: JsonObj | None, timeout: float) -> JsonObj:
         why = ask_refusal(method, params, streaming=self._streaming, capabilities=self._capabilities())
         if why is not None:
-            return refused(why)
+            return refused(why, cannot_ask=True)
         ask_id, answer = self._asks.open(self.session_key)
         self._open.add(ask_id)
         try:

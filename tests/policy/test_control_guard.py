@@ -1,6 +1,7 @@
 """The tool-controls guard in a header-mode gateway: argument rules refuse before the upstream (a narrowed token
-cannot widen them), approvals and confirmations (not built yet) refuse, a token without controls is not judged, a
-malformed control is a 401, and observe mode counts without refusing only when the operator chose it."""
+cannot widen them), approvals and confirmations hold the call before the upstream, a token without controls is
+not judged, a malformed control is a 401, and observe mode counts without refusing only when the operator chose
+it."""
 
 from __future__ import annotations
 
@@ -53,25 +54,26 @@ APPROVE_AND_CONFIRM = {"approvals": [{"tools": ["pay*"], "field": "amount", "abo
                        "confirm": [{"tools": ["delete_*"], "message": "Really delete?", "fields": ["path"]}]}
 
 
-async def test_approval_and_confirmation_refuse_until_they_are_built(make_gateway: Factory) -> None:
+async def test_approval_and_confirmation_hold_the_call_before_the_upstream(make_gateway: Factory) -> None:
     gw = await make_gateway()
     bearer = token(APPROVE_AND_CONFIRM)
     session = await gw.session(bearer)
-    assert refusal(await gw.call(bearer, session, "pay", {"amount": 51})) == {
-        "error": "approval_required", "tool": "pay", "field": "amount", "above": "50"}
-    assert "approval_id" not in refusal(await gw.call(bearer, session, "deploy", {}))
+    held = refusal(await gw.call(bearer, session, "pay", {"amount": 51}))
+    assert held["error"] == "approval_required"
+    assert held["approval_id"].startswith("apr_")
+    assert refusal(await gw.call(bearer, session, "deploy", {}))["error"] == "approval_required"
     # A missing or non-numeric amount cannot be shown to be small: held too.
     assert refusal(await gw.call(bearer, session, "pay", {"amount": "lots"}))["error"] == "approval_required"
     assert refusal(await gw.call(bearer, session, "pay", {}))["error"] == "approval_required"
+    # This client declared no elicitation: its user cannot be asked, so the call is refused (fail closed).
     assert refusal(await gw.call(bearer, session, "delete_file", {"path": "/x"})) == {
         "error": "confirmation_unavailable", "tool": "delete_file"}
     assert gw.forwarded("pay") == gw.forwarded("deploy") == gw.forwarded("delete_file") == 0
     assert "result" in await gw.call(bearer, session, "pay", {"amount": "50"})
     assert "result" in await gw.call(bearer, session, "echo", {"text": "hi"})
     assert gw.forwarded("pay") == 1
-    breaches = gw.publisher.named(events.CONTROL_BREACH)
-    assert [b["error"] for b in breaches] == ["approval_required"] * 4 + ["confirmation_unavailable"]
-    assert all(b["enforced"] for b in breaches)
+    assert len(gw.publisher.named(events.APPROVAL_REQUESTED)) == 4
+    assert [c["answer"] for c in gw.publisher.named(events.CONFIRMATION)] == ["unavailable"]
 
 
 async def test_observe_chosen_by_the_operator_counts_and_lets_through(make_gateway: Factory) -> None:
@@ -81,7 +83,10 @@ async def test_observe_chosen_by_the_operator_counts_and_lets_through(make_gatew
     assert "result" in await gw.call(bearer, session, "pay", {"amount": 500})
     assert "result" in await gw.call(bearer, session, "delete_file", {"path": "/x"})
     assert gw.forwarded("pay") == gw.forwarded("delete_file") == 1
-    assert [b["enforced"] for b in gw.publisher.named(events.CONTROL_BREACH)] == [False, False]
+    observed = gw.publisher.named(events.CONTROL_BREACH)
+    assert [(b["error"], b["enforced"]) for b in observed] == [("approval_required", False),
+                                                               ("confirmation_required", False)]
+    assert gw.publisher.named(events.APPROVAL_REQUESTED) == gw.publisher.named(events.CONFIRMATION) == []
     app = gw.client.app
     assert app is not None
     rendered = app[METRICS].render().decode()

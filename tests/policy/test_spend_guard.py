@@ -23,11 +23,17 @@ from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.control_guard import ControlsGuard
 from satgate_mcp.policy.controls import Controls, parse_controls
+from satgate_mcp.policy.holds import Holds
 from satgate_mcp.policy.spend import Charge, Reservation
+from satgate_mcp.stores.memory_approvals import MemoryApprovalStore
 from satgate_mcp.stores.memory_spend import MemorySpendStore
 
 NY_DAY = {"spend_limits": [{"tools": ["pay*"], "field": "amount", "max": "200", "window": "day",
                             "tz": "America/New_York"}]}
+
+
+def holds() -> Holds:
+    return Holds(MemoryApprovalStore(), publisher=RecordingPublisher(), metrics=Metrics(), ttl=900, per_family=20)
 
 
 def controls(document: object) -> Controls:
@@ -47,8 +53,8 @@ class Clock:
 
 def make_guard(clock: Clock, *, enforce: bool = True) -> tuple[ControlsGuard, MemorySpendStore, RecordingPublisher]:
     store, publisher = MemorySpendStore(clock=clock), RecordingPublisher()
-    return ControlsGuard(enforce=enforce, publisher=publisher, metrics=Metrics(), spend=store, clock=clock), store, \
-        publisher
+    return ControlsGuard(enforce=enforce, publisher=publisher, metrics=Metrics(), spend=store, holds=holds(),
+                         clock=clock), store, publisher
 
 
 def asked(amount: object, *caveats: Controls, request_id: int = 1, tool: str = "pay", session: str = "s1",
@@ -201,7 +207,7 @@ class BrokenStore(MemorySpendStore):
 async def test_a_store_that_cannot_answer_refuses_the_call() -> None:
     clock = Clock("2026-06-10T12:00:00-04:00")
     guard = ControlsGuard(enforce=True, publisher=RecordingPublisher(), metrics=Metrics(), spend=BrokenStore(),
-                          clock=clock)
+                          holds=holds(),                          clock=clock)
     ran: list[bool] = []
 
     async def proceed() -> JsonObj:
@@ -218,5 +224,5 @@ def test_the_clock_is_utc_seconds() -> None:
 
 async def test_observing_refuses_nothing_even_when_the_store_cannot_answer() -> None:
     guard = ControlsGuard(enforce=False, publisher=RecordingPublisher(), metrics=Metrics(), spend=BrokenStore(),
-                          clock=Clock("2026-06-10T12:00:00-04:00"))
+                          holds=holds(),                          clock=Clock("2026-06-10T12:00:00-04:00"))
     assert await outcome(guard, asked(1)) == {"ok": True}

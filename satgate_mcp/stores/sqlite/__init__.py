@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
 from satgate_mcp.stores.sqlite.database import DB_NAME, REFRESH_WAIT_SECONDS, Database
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.stores import (
@@ -72,6 +73,12 @@ def open_pins_database(folder: Path) -> SqlitePinStore | None:
     not create one."""
     db = _existing_database(folder)
     return None if db is None else SqlitePinStore(db, owns_db=True)
+
+
+def open_approvals_database(folder: Path) -> SqliteApprovalStore | None:
+    """The held calls of a database a daemon already made in ``folder`` (None: there is none)."""
+    db = _existing_database(folder)
+    return None if db is None else SqliteApprovalStore(db, owns_db=True)
 
 
 def _existing_database(folder: Path) -> Database | None:

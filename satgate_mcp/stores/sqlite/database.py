@@ -89,6 +89,12 @@ CREATE INDEX IF NOT EXISTS spend_sums_expiring ON spend_sums (expires);
 CREATE TABLE IF NOT EXISTS spend_holds (key TEXT PRIMARY KEY, charges TEXT NOT NULL, expires REAL NOT NULL)
   WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS spend_holds_expiring ON spend_holds (expires);
+CREATE TABLE IF NOT EXISTS approvals (
+  id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, family TEXT NOT NULL, state TEXT NOT NULL, bound INTEGER NOT NULL,
+  created REAL NOT NULL, until REAL NOT NULL, expires REAL NOT NULL, record TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS approvals_bound ON approvals (fingerprint) WHERE bound = 1;
+CREATE INDEX IF NOT EXISTS approvals_family ON approvals (family, state);
+CREATE INDEX IF NOT EXISTS approvals_expiring ON approvals (expires);
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
