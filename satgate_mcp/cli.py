@@ -22,7 +22,7 @@ import structlog
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from satgate_mcp import __version__, audit_cli, cli_controls, cli_tools, policy_cli
+from satgate_mcp import __version__, audit_cli, cli_approvals, cli_controls, cli_tools, policy_cli
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--config", type=Path, metavar="PATH", help=config_help)
     policy_cli.add_parser(commands)
     cli_tools.add_parser(commands)
+    cli_approvals.add_parser(commands)
     audit_cli.add_parser(commands)
     return parser
 
@@ -352,6 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return policy_cli.run(args)
     if args.command == "tools":
         return cli_tools.main(args)
+    if args.command == "approvals":
+        return cli_approvals.main(args)
     if args.command == "audit":
         return audit_cli.run(args)
     if args.token_command == "narrow":  # the holder's command: reads no settings at all
