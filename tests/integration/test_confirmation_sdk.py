@@ -121,3 +121,44 @@ async def test_policy_rules_hold_and_confirm_without_re_minting(tmp_path: Path) 
         assert user.asked == ["Fetch this URL?\n\nTool: fetch"]
     finally:
         await gw.kill()
+
+
+async def modern_pay(gw: GatewayProcess, token: str, request_id: int, **extra: Any) -> Any:
+    """A 2026-07-28 client's ``tools/call`` of ``pay`` (it declares elicitation), as it sends it over plain HTTP."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"_meta": meta, "name": "pay", "arguments": {"amount": 3, "vendor": "acme"}, **extra}}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "pay"}
+    async with httpx2.AsyncClient(trust_env=False, timeout=TIMEOUT) as http:
+        answer = await http.post(f"{gw.url}/mcp", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def test_a_2026_client_is_asked_with_an_input_required_round(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    upstreams = {"p": {"transport": "stdio", "command": upstream_command("--payments", "--ledger", str(ledger))}}
+    gw = GatewayProcess(tmp_path, root_key=KEY, settings={"SATGATE_UPSTREAMS": json.dumps(upstreams)})
+    token = mint_token(KEY, "agent-m", controls=parse_controls(json.dumps(CONFIRM)))
+    try:
+        gw.start()
+        await gw.wait_ready()
+        async with asyncio.timeout(60):
+            for answer, expected in (({"action": "decline"}, "declined"),
+                                     ({"action": "accept", "content": {"confirm": True}}, "paid")):
+                first = (await modern_pay(gw, token, 1))["result"]
+                assert first["resultType"] == "input_required"
+                [(key, asked)] = first["inputRequests"].items()
+                assert asked["method"] == "elicitation/create"
+                assert asked["params"]["message"].startswith("Send this payment?")
+                done = await modern_pay(gw, token, 2, inputResponses={key: answer},
+                                        requestState=first["requestState"])
+                if expected == "declined":
+                    assert done["error"]["data"] == {"error": "confirmation_declined", "tool": "pay"}
+                else:
+                    assert done["result"]["content"][0]["text"] == "paid 3 to acme"
+        assert len(ledger.read_text().splitlines()) == 1
+    finally:
+        await gw.kill()
