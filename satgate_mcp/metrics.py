@@ -76,6 +76,14 @@ class Metrics:
                                              registry=r)
         self.audit_dropped = Counter("satgate_audit_dropped", "Audit lines not written: the queue was full or the "
                                      "disk failed (SATGATE_AUDIT_FILE)", registry=r)
+        self._governance(r)
+        #: The children a call's path touches, by label values in the order the metric declares them.
+        self.tool_call_outcomes = Children(self.tool_calls)
+        self.upstream_latencies = Children(self.upstream_latency)
+        self.policy_decision = Children(self.policy_decisions)
+
+    def _governance(self, r: CollectorRegistry) -> None:
+        """Policy rules, pinned definitions, tool controls, approval holds and confirmations."""
         self.policy_decisions = Counter("satgate_policy_decisions", "Calls judged by policy rules, by deciding rule "
                                         "(`(default)`: none matched) and effect (allow, deny, error)",
                                         ["rule", "effect"], registry=r)
@@ -93,10 +101,6 @@ class Metrics:
                                  "`full`: the token's queue of pending approvals is full)", ["outcome"], registry=r)
         self.confirmations = Counter("satgate_confirmations", "Tool calls that asked their user for confirmation, by "
                                      "answer (`accepted`, `declined`, `unavailable`)", ["answer"], registry=r)
-        #: The children a call's path touches, by label values in the order the metric declares them.
-        self.tool_call_outcomes = Children(self.tool_calls)
-        self.upstream_latencies = Children(self.upstream_latency)
-        self.policy_decision = Children(self.policy_decisions)
 
     def watch_revocation_files(self, files: Sequence[WatchedFile]) -> None:
         """Export the revocation files' health; a no-op when none is configured."""
