@@ -23,6 +23,7 @@ from satgate_mcp import tracing
 from satgate_mcp.auth.base import Authenticator, per_token_quota
 from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.revocation import RevocationStore
+from satgate_mcp.console.approvals_view import ConsoleApprovals
 from satgate_mcp.console.audit_view import ConsoleAudit
 from satgate_mcp.console.features import Features
 from satgate_mcp.console.wiring import Gateway, add_console
@@ -252,7 +253,8 @@ def _console(app: web.Application, authenticator: Authenticator, publisher: Publ
     http = [u for u in app[SETTINGS].upstreams.values() if isinstance(u, HttpUpstreamSpec) and u.breaker.failures]
     breakers = _Circuits(pool) if isinstance(pool, UpstreamPool) and http else None
     audit = ConsoleAudit(auditor, app[SETTINGS].audit_file or "-") if auditor is not None else None
-    parts = add_console(app, gateway, Features(breakers=breakers, audit=audit))
+    approvals = ConsoleApprovals(stores.approvals, app[HOLDS], publisher, time.time)
+    parts = add_console(app, gateway, Features(approvals=approvals, breakers=breakers, audit=audit))
     if parts is not None:
         app[CONSOLE] = parts
 

@@ -25,8 +25,7 @@ from satgate_mcp.cli_tools import PinSettings
 from satgate_mcp.config_problems import format_errors
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.policy.approvals import ApprovalStore, Decision, HeldCall, decided_before
-from satgate_mcp.policy.holds import iso
+from satgate_mcp.policy.approvals import ApprovalStore, HeldCall, decision_text, iso
 from satgate_mcp.stores import cli_approvals
 
 PROG = "satgate-mcp"
@@ -109,16 +108,6 @@ async def show(store: ApprovalStore, *, as_json: bool = False, everything: bool 
     if not shown and not as_json:
         print("no held calls" + ("" if everything else " pending (--all shows decided ones)"), file=sys.stderr)
     return ExitCode.OK
-
-
-def decision_text(approval_id: str, result: Decision) -> str:
-    """What a decision that was not taken says: what happened first."""
-    record = result.record
-    if result.outcome == "unknown" or record is None:
-        return f"no held call {approval_id} (satgate-mcp approvals list shows them; decided ones are kept a day)"
-    if result.outcome == "expired":
-        return f"{approval_id} expired undecided at {iso(record.expires_at)}: the agent must repeat its call"
-    return f"{approval_id} was already {decided_before(record)}: a decision is taken once"
 
 
 async def decide(store: ApprovalStore, approval_id: str, *, approve: bool, by: str, note: str | None = None,

@@ -137,11 +137,13 @@ class Api:
         if not isinstance(approval_id, str) or not approval_id:
             return json_answer({"error": "give the held call's id as {\"id\": ...}"}, 400)
         try:
-            await (held.approve if approve else held.deny)(approval_id, by=admin.who)
+            await (held.approve if approve else held.deny)(approval_id, by=admin.who, family=admin.family)
         except PermissionError as exc:
             return json_answer({"error": str(exc) or "an admin may not decide its own token's call"}, 403)
         except KeyError:
             return json_answer({"error": "no such held call"}, 404)
+        except ValueError as exc:
+            return json_answer({"error": str(exc)}, 409)
         await record(self._parts, admin, "approve_call" if approve else "deny_call", approval_id)
         return json_answer({"approved" if approve else "denied": approval_id})
 

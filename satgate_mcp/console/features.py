@@ -10,15 +10,16 @@ from typing import Any, Protocol
 
 
 class Approvals(Protocol):
-    """Held calls (``approvals list|approve|deny``). ``list`` gives each held call as ``{"id", "token_id", "tool",
-    "args"`` (only the arguments its rule names) ``, "age_s"}``; ``approve`` and ``deny`` take the admin's token id
-    and refuse (raise ``PermissionError``) an admin deciding a call its own token made; ``KeyError``: unknown id."""
+    """Held calls (``approvals list|approve|deny``). ``list`` gives each pending one as ``{"id", "token_id", "tool",
+    "args", "reason", "age_s", "expires_at"}``; ``approve`` and ``deny`` take the admin's token id and delegation
+    family and refuse (raise ``PermissionError``) an admin deciding a call of its own family; ``KeyError``: unknown
+    id; ``ValueError``: decided already or expired (the message says what happened first)."""
 
     async def list(self) -> list[dict[str, Any]]: ...
 
-    async def approve(self, approval_id: str, *, by: str) -> None: ...
+    async def approve(self, approval_id: str, *, by: str, family: str | None) -> None: ...
 
-    async def deny(self, approval_id: str, *, by: str) -> None: ...
+    async def deny(self, approval_id: str, *, by: str, family: str | None) -> None: ...
 
 
 class SpendLimits(Protocol):
@@ -56,8 +57,7 @@ class Features:
 
 #: What a view shows for a feature that is absent, and the 409 its actions answer.
 OFF: dict[str, str] = {
-    "approvals": "Held calls are not built yet: a call an approvals control matches is refused "
-                 "(approval_required), never held.",
+    "approvals": "Held calls are not shown: this gateway was built without them.",
     "spend_limits": "Spend limits per window are not shown here yet: the console does not read the spend store "
                     "(token inspect shows a token's limits; refusals name what remains).",
     "audit": "The audit trail is off: set SATGATE_AUDIT_FILE.",

@@ -31,6 +31,8 @@ class Admin:
     via: str
     csrf: str | None
     expires: float | None = None
+    #: A token's delegation root (``Identity.family_id``): a held call of the same family is the admin's own.
+    family: str | None = None
 
 
 class Gatekeeper:
@@ -57,7 +59,7 @@ class Gatekeeper:
         refused = access.admits_identity(self.rules, result.identity)
         if refused is not None:
             return refused
-        return Admin(result.identity.token_id, "token", None, result.identity.expires_at)
+        return Admin(result.identity.token_id, "token", None, result.identity.expires_at, result.identity.family_id)
 
     async def identity_of(self, token: str) -> Identity | str:
         """Any token, verified as ``/mcp`` would (for the policy explain form); why not, when it is refused."""
@@ -92,4 +94,4 @@ class Gatekeeper:
         found = await self.check(sealed.credential)
         if isinstance(found, Denied):
             return found
-        return Admin(found.who, "cookie", sealed.csrf, sealed.expires)
+        return Admin(found.who, "cookie", sealed.csrf, sealed.expires, found.family)

@@ -172,10 +172,24 @@ def newest_first(records: Sequence[HeldCall], limit: int) -> list[HeldCall]:
     return sorted(records, key=lambda r: r.created_at, reverse=True)[:limit]
 
 
+def iso(moment: float) -> str:
+    """A moment as agents and operators read it: ISO 8601, UTC, whole seconds."""
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds")
+
+
 def decided_before(record: HeldCall) -> str:
     """What happened first, for a late decision: ``approved by X at T`` and the like."""
-    when = (datetime.fromtimestamp(record.decided_at, UTC).isoformat(timespec="seconds")
-            if record.decided_at is not None else "?")
+    when = iso(record.decided_at) if record.decided_at is not None else "?"
     if record.state == "consumed":
         return f"approved by {record.decided_by} at {when}, and already used by the call"
     return f"{record.state} by {record.decided_by} at {when}"
+
+
+def decision_text(approval_id: str, result: Decision) -> str:
+    """What a decision that was not taken says: what happened first."""
+    record = result.record
+    if result.outcome == "unknown" or record is None:
+        return f"no held call {approval_id} (satgate-mcp approvals list shows them; decided ones are kept a day)"
+    if result.outcome == "expired":
+        return f"{approval_id} expired undecided at {iso(record.expires_at)}: the agent must repeat its call"
+    return f"{approval_id} was already {decided_before(record)}: a decision is taken once"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import structlog
@@ -26,7 +25,15 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.guards import Asked, Proceed
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.approvals import ApprovalStore, HeldCall, HoldOutcome, fingerprint, new_id, shown_arguments
+from satgate_mcp.policy.approvals import (
+    ApprovalStore,
+    HeldCall,
+    HoldOutcome,
+    fingerprint,
+    iso,
+    new_id,
+    shown_arguments,
+)
 from satgate_mcp.upstream.base import is_relay
 
 log = structlog.get_logger("satgate_mcp.holds")
@@ -48,10 +55,6 @@ PROGRESS_EVERY_SECONDS = 5.0
 MAX_SHOWN_VALUE_CHARS = 200
 
 Answer = Literal["accepted", "declined", "unavailable"]
-
-
-def iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds")
 
 
 def held_refusal(outcome: HoldOutcome, tool: str, per_family: int) -> GatewayError:

@@ -3,14 +3,14 @@ the real test upstream, with data made by real SDK clients: sessions, calls, a p
 
 The admin logs in, opens every view (each one's screenshot lands in a scratch folder, or in docs/console/ for the
 README with ``CONSOLE_SCREENSHOTS=docs/console``), approves a changed tool definition and revokes an agent, whose
-next call is refused. Anonymous visitors, ordinary tokens and a cross-site form are refused. The approvals view's
-Approve and Deny wait for tool controls (issue 27): until then the view says held calls are off, and the test
-checks that.
+next call is refused; it approves an agent's held call, whose identical repeat then runs once. Anonymous visitors,
+ordinary tokens and a cross-site form are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -23,13 +23,16 @@ from playwright.async_api import Browser, Dialog, Page, expect
 from satgate_mcp import events
 from satgate_mcp.auth.macaroons import mint_token, verify_token
 from satgate_mcp.keys import CONSOLE, REGISTRY
+from satgate_mcp.policy.controls import parse_controls
 from tests.console.browser import ADMIN, KEY, SCREENSHOTS, Watched, agent, chromium, gateway, log_in
 from tests.fakes import AwaitablePublisher
 
 pytestmark = [pytest.mark.process, pytest.mark.browser]
 
 AGENT_1 = mint_token(KEY, "agent-1", tenant="acme", budget_id="team-acme")
-AGENT_2 = mint_token(KEY, "agent-2", tenant="globex")
+#: Agent 2's large additions wait for an operator: the admin approves one in the approvals view.
+AGENT_2 = mint_token(KEY, "agent-2", tenant="globex", controls=parse_controls(json.dumps(
+    {"approvals": [{"tools": ["add"], "field": "a", "above": "100"}]})))
 AGENT_3 = mint_token(KEY, "agent-3", tenant="globex")
 VIEWS = ("overview", "sessions", "upstreams", "tokens", "approvals", "policy")
 #: The first page load (page, stylesheet, script, the first API answers) stays under this.
@@ -63,6 +66,9 @@ async def _with_agents(server: TestServer, url: str, one: ClientSession, two: Cl
     await two.call_tool("add", {"a": 1, "b": 2})
     with pytest.raises(MCPError):
         await one.call_tool("drop_table", {"table": "users"})  # refused by the policy rule
+    with pytest.raises(MCPError) as held:
+        await two.call_tool("add", {"a": 500, "b": 1})  # held for the admin's approval
+    assert held.value.data["error"] == "approval_required"
     await two.call_tool("rug_pull", {"tool": "add", "title": "Add (now exfiltrates)"})
     publisher = console.publisher
     assert isinstance(publisher, AwaitablePublisher)
@@ -76,6 +82,10 @@ async def _with_agents(server: TestServer, url: str, one: ClientSession, two: Cl
     with pytest.raises(MCPError):
         await three.call_tool("echo", {"text": "after its session ended"})
     assert (await two.call_tool("echo", {"text": "still here"})).content[0].text == "still here"  # type: ignore[union-attr]
+    approved = await two.call_tool("add", {"a": 500, "b": 1})  # the identical call, approved in the browser: runs once
+    assert not approved.is_error, approved
+    with pytest.raises(MCPError):
+        await two.call_tool("add", {"a": 500, "b": 1})  # a second copy needs a new approval
 
 
 async def _admin_session(browser: Browser, url: str) -> None:
@@ -90,6 +100,7 @@ async def _admin_session(browser: Browser, url: str) -> None:
     await expect(page.get_by_text("ops-admin (header)")).to_be_visible()
     assert sum(watched.loaded.values()) < FIRST_LOAD_BYTES
     await _every_view(page)
+    await _approve_the_held_call(page)
     await _approve_the_changed_tool(page)
     await _revoke(page, "agent-1")
     await _phone(browser, context, url)
@@ -115,7 +126,7 @@ async def _every_view(page: Page) -> None:
     await expect(page.get_by_role("status")).to_contain_text("Done: ended")
     await expect(page.get_by_role("cell", name="agent-3", exact=True)).to_have_count(0)
     texts = {"overview": "Live sessions", "upstreams": "Tools and pins", "tokens": "team-acme",
-             "approvals": "Held calls are not built yet", "policy": "keep-the-users-table"}
+             "approvals": "a above 100", "policy": "keep-the-users-table"}
     for view in VIEWS:
         await page.goto(page.url.split("#")[0] + f"#{view}")
         await expect(page.get_by_text(texts.get(view, "Sessions ("), exact=False).first).to_be_visible()
@@ -133,6 +144,14 @@ async def _explain(page: Page) -> None:
     await page.get_by_label("Arguments (JSON)").fill('{"table": "users"}')
     await page.get_by_role("button", name="Explain").click()
     await expect(page.locator("#explain-out")).to_contain_text("decision: deny by keep-the-users-table")
+
+
+async def _approve_the_held_call(page: Page) -> None:
+    await page.goto(page.url.split("#")[0] + "#approvals")
+    row = page.get_by_role("row").filter(has=page.get_by_role("cell", name="agent-2", exact=True))
+    await row.get_by_role("button", name="Approve").click()
+    await expect(page.get_by_role("status")).to_contain_text("Done")
+    await expect(page.get_by_text("Nothing is held.")).to_be_visible()
 
 
 async def _approve_the_changed_tool(page: Page) -> None:

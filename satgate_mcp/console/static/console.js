@@ -189,8 +189,8 @@
       const data = await get("approvals");
       main.append(el("h2", {}, "Held calls"));
       if (!data.enabled) { main.append(off(data)); return; }
-      main.append(data.held.length ? table(["Id", "Token", "Tool", "Arguments the rule names", "Age", ""], data.held.map((h) => [
-        mono(h.id), h.token_id, h.tool, mono(JSON.stringify(h.args)), ago(h.age_s),
+      main.append(data.held.length ? table(["Id", "Token", "Tool", "Arguments", "Why held", "Age", "Expires", ""], data.held.map((h) => [
+        mono(h.id), h.token_id, h.tool, mono(h.args), h.reason, ago(h.age_s), h.expires_at,
         el("td", {}, el("button", { type: "button", onclick: () => act("approvals/approve", { id: h.id }, `Approve held call ${h.id}?`) }, "Approve"), " ",
           el("button", { type: "button", class: "danger", onclick: () => act("approvals/deny", { id: h.id }, `Deny held call ${h.id}?`) }, "Deny"))]))
         : el("p", { class: "muted" }, "Nothing is held."));
