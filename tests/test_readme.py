@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from satgate_mcp.cli import build_parser
 from satgate_mcp.daemon.children import child_pids
 from satgate_mcp.policy.controls import parse_controls
 from satgate_mcp.policy.rules import Effect, compile_rules, parse_text
@@ -100,6 +101,9 @@ CLAIMS: dict[str, Claim] = {
                             "and tests/integration/test_policy_gateway.py serves it"),
     "controls": Claim("json", '"spend_limits"', "test_the_controls_example_is_valid_controls",
                       not_run="a file, not a command: read here as `token mint --controls @controls.json` reads it"),
+    "approvals": Claim("console", "$ satgate-mcp approvals list", "test_the_approvals_transcript_parses",
+                       not_run="a transcript of an operator's session: tests/cluster/test_approvals_cluster.py runs "
+                               "these commands against two gateways on one Redis"),
     "token exchange": Claim("sh", '"type":"token_exchange"', "test_upstream_identity_examples_load",
                             not_run="needs an authorization server and an upstream that verifies tokens: "
                                     "tests/integration/test_upstream_identity.py runs the mode against real ones"),
@@ -276,6 +280,17 @@ def test_every_block_is_run_or_excused() -> None:
     assert not unclaimed, f"README blocks no test runs or excuses (lines {[b.line for b in unclaimed]}): add to CLAIMS"
     for name, claim in CLAIMS.items():
         assert claim.test in globals(), f"{name}: no test called {claim.test}"
+
+
+def test_the_approvals_transcript_parses() -> None:
+    """Each command of the transcript is one the CLI takes, as written (comments and outputs aside)."""
+    commands = [line.removeprefix("$ ").split("#")[0] for line in block("approvals").text.splitlines()
+                if line.startswith("$ ")]
+    assert len(commands) == 2
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "satgate-mcp"
+        assert build_parser().parse_args(argv[1:]).command == "approvals"
 
 
 def test_the_policy_example_is_what_the_policy_tests_judge_by() -> None:

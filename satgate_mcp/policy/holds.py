@@ -168,7 +168,8 @@ class Holds:
                         return await proceed()
                 if current.state != "pending" or self._clock() >= min(deadline, current.expires_at):
                     raise held_refusal(self._waited(current), asked.name, self._per_family)
-                if token is not None and is_relay(asked.on_progress) and self._clock() - told >= PROGRESS_EVERY_SECONDS:
+                if token is not None and asked.on_progress is not None and \
+                        self._clock() - told >= PROGRESS_EVERY_SECONDS:
                     told = self._clock()
                     await asked.on_progress({"progressToken": token, "progress": round(told - record.created_at, 1),
                                              "message": f"waiting for approval {record.id}"})
