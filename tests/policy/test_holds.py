@@ -5,6 +5,7 @@ waits), denied or expired it is refused, a store that cannot answer refuses (a h
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ def test_the_question_names_the_tool_and_the_listed_arguments_only() -> None:
 
 def record(**changes: Any) -> HeldCall:
     base = HeldCall("apr_1", "fp", "agent", "agent", "pay", "{}", "amount above 50", NOW, NOW + 900)
-    return HeldCall(**{**{f: getattr(base, f) for f in base.__slots__}, **changes})  # type: ignore[attr-defined]
+    return replace(base, **changes)
 
 
 @pytest.mark.parametrize(("outcome", "error", "extra"), [
@@ -62,8 +63,9 @@ def test_each_held_outcome_tells_the_agent_what_to_do(outcome: HoldOutcome, erro
                                                       ) -> None:
     refusal = held_refusal(outcome, "pay", 20)
     assert refusal.code == jsonrpc.TOOL_NOT_ALLOWED
-    assert refusal.data["error"] == error
-    assert extra.items() <= refusal.data.items()
+    data = refusal.data or {}
+    assert data["error"] == error
+    assert extra.items() <= data.items()
 
 
 class Clock:
@@ -76,9 +78,34 @@ class Clock:
         return self.now
 
 
-def waiting(progress: list[JsonObj]) -> Asked:
+class ToldStore(MemoryApprovalStore):
+    """Says when a call was recorded (the waiting call then waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded = asyncio.Event()
+
+    async def hold(self, request: HeldCall, now: float, per_family: int) -> HoldOutcome:
+        outcome = await super().hold(request, now, per_family)
+        self.recorded.set()
+        return outcome
+
+
+class Progress(list[JsonObj]):
+    """The progress a waiting call sent, and an event for the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = asyncio.Event()
+
+    async def __call__(self, params: JsonObj) -> None:
+        self.append(params)
+        self.first.set()
+
+
+def waiting(progress: Progress) -> Asked:
     async def relay(params: JsonObj) -> None:
-        progress.append(params)
+        await progress(params)
 
     identity = Identity("agent")
     return Asked("tools/call", identity, "s1", "tool", "pay",
@@ -86,7 +113,7 @@ def waiting(progress: list[JsonObj]) -> Asked:
 
 
 async def test_a_waiting_call_runs_once_when_approved_elsewhere_and_reports_progress() -> None:
-    store, clock, progress, ran = MemoryApprovalStore(), Clock(), [], []
+    store, clock, progress, ran = ToldStore(), Clock(), Progress(), []
     holds = Holds(store, publisher=RecordingPublisher(), metrics=Metrics(), ttl=900, per_family=20, clock=clock)
 
     async def proceed() -> JsonObj:
@@ -94,13 +121,11 @@ async def test_a_waiting_call_runs_once_when_approved_elsewhere_and_reports_prog
         return jsonrpc.result_response(1, {"content": []})
 
     call = asyncio.create_task(holds.hold(waiting(progress), "amount above 50", 30, proceed))
-    while not await store.listing(clock()):
-        await asyncio.sleep(0)
+    await store.recorded.wait()
     [held] = await store.listing(clock())
     clock.now += 6  # past one progress interval: the next look tells the client it still waits
     holds.decided(held.id)  # wakes the waiting call without a decision: it only looks
-    while not progress:
-        await asyncio.sleep(0)
+    await progress.first.wait()
     assert progress[0]["progressToken"] == "p1"
     assert held.id in progress[0]["message"]
     await store.decide(held.id, True, "ops", None, clock())  # another process: found within half a second
@@ -111,15 +136,14 @@ async def test_a_waiting_call_runs_once_when_approved_elsewhere_and_reports_prog
 
 @pytest.mark.parametrize("ending", ["denied", "expired", "wait-over"])
 async def test_a_waiting_call_not_approved_is_refused(ending: str) -> None:
-    store, clock = MemoryApprovalStore(), Clock()
+    store, clock = ToldStore(), Clock()
     holds = Holds(store, publisher=RecordingPublisher(), metrics=Metrics(), ttl=20, per_family=20, clock=clock)
 
     async def proceed() -> JsonObj:
         raise AssertionError("a refused call never runs")
 
-    call = asyncio.create_task(holds.hold(waiting([]), "every call", 10, proceed))
-    while not await store.listing(clock()):
-        await asyncio.sleep(0)
+    call = asyncio.create_task(holds.hold(waiting(Progress()), "every call", 10, proceed))
+    await store.recorded.wait()
     [held] = await store.listing(clock())
     if ending == "denied":
         await store.decide(held.id, False, "ops", "not today", clock())
@@ -129,7 +153,7 @@ async def test_a_waiting_call_not_approved_is_refused(ending: str) -> None:
     with pytest.raises(GatewayError) as refused:
         await call
     expected = {"denied": "approval_denied", "expired": "approval_expired", "wait-over": "approval_required"}
-    assert refused.value.data["error"] == expected[ending]
+    assert (refused.value.data or {})["error"] == expected[ending]
 
 
 class DownStore(MemoryApprovalStore):
@@ -144,5 +168,5 @@ async def test_a_store_that_cannot_answer_refuses_the_call() -> None:
         raise AssertionError("never run unheld")
 
     with pytest.raises(GatewayError) as refused:
-        await holds.hold(waiting([]), "every call", None, proceed)
-    assert refused.value.data["error"] == "store_unavailable"
+        await holds.hold(waiting(Progress()), "every call", None, proceed)
+    assert (refused.value.data or {})["error"] == "store_unavailable"
