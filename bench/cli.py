@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from bench.audit import main_audit
 from bench.compare import main_compare
+from bench.controls import main_controls
 from bench.plain import main_plain
 from bench.policy import main_policy
 from bench.tracing import main_tracing
@@ -49,6 +50,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="two targets in turn, gateway-header and gateway-policy (the same with a 50-rule SATGATE_POLICY_FILE, "
              "bench/policy.py): gateway CPU ms per call for each and the difference; uses --sessions, --workers, "
              "--duration, --rounds, --json")
+    parser.add_argument_group("tool controls (--controls)").add_argument(
+        "--controls", action="store_true",
+        help="two targets in turn, gateway-header and gateway-controls (every token carries tool controls for other "
+             "tools, bench/controls.py): what a call no control matches pays, in gateway CPU ms per call; uses "
+             "--sessions, --workers, --duration, --rounds, --json")
     parser.add_argument_group("audit trail (--audit)").add_argument(
         "--audit", action="store_true",
         help="two targets in turn, gateway-header and gateway-audit (the same with SATGATE_AUDIT_FILE, "
@@ -119,4 +125,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return main_policy(args)
     if args.audit:
         return main_audit(args)
+    if args.controls:
+        return main_controls(args)
     return main_compare(args) if args.compare else main_plain(args)

@@ -35,6 +35,8 @@ class Variant:
     label: str
     allowed_ms: float
     env: Callable[[Path], dict[str, str]]
+    #: Tool controls (a ``controls`` caveat's JSON) every token of this target carries; None: none.
+    controls: str | None = None
 
     @property
     def targets(self) -> tuple[str, str]:
@@ -89,7 +91,9 @@ async def loaded_gateway(auth: Auth, args: argparse.Namespace, workdir: Path, na
 async def one_round(target: str, round_no: int, args: argparse.Namespace, workdir: Path, variant: Variant
                     ) -> dict[str, Any]:
     extra_env = variant.env(workdir) if target == variant.target else {}
-    load = await loaded_gateway(make_auth("header", args.sessions), args, workdir, f"{target}-r{round_no}", extra_env)
+    controls = variant.controls if target == variant.target else None
+    load = await loaded_gateway(make_auth("header", args.sessions, controls=controls), args, workdir,
+                                f"{target}-r{round_no}", extra_env)
     return {"target": target, "round": round_no, **load}
 
 

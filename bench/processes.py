@@ -86,7 +86,7 @@ def redis_reachable(url: str = BENCH_REDIS_URL, timeout: float = 1.0) -> bool:
         return False
 
 
-def make_auth(mode: str, clients: int, budget_limit: float | None = None) -> Auth:
+def make_auth(mode: str, clients: int, budget_limit: float | None = None, *, controls: str | None = None) -> Auth:
     """Fresh secrets per run: ``header`` mints one macaroon per client so each is its own agent to the gateway;
     ``metered`` is header mode on Redis with every call charged to a budget and counted by a rate limit."""
     if mode == "metered":
@@ -100,10 +100,12 @@ def make_auth(mode: str, clients: int, budget_limit: float | None = None) -> Aut
         token = secrets.token_urlsafe(32)
         return Auth({"SATGATE_AUTH_MODE": "config", "SATGATE_STATIC_TOKEN": token}, [token] * clients)
     from satgate_mcp.auth.macaroons import mint_token
+    from satgate_mcp.policy.controls import parse_controls
 
     root_key = secrets.token_urlsafe(48)
     run = secrets.token_hex(4)  # a shared store keeps budgets: each run's token ids are its own
-    tokens: list[str | None] = [mint_token(root_key, f"bench-{run}-{n}", budget_limit=budget_limit)
+    carried = parse_controls(controls) if controls is not None else None
+    tokens: list[str | None] = [mint_token(root_key, f"bench-{run}-{n}", budget_limit=budget_limit, controls=carried)
                                 for n in range(clients)]
     return Auth({"SATGATE_AUTH_MODE": "header", "SATGATE_ROOT_KEY": root_key}, tokens)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from satgate_mcp import events
 from satgate_mcp.cli_tools import PinSettings
 from satgate_mcp.config_problems import format_errors
 from satgate_mcp.errors import ConfigError
@@ -29,6 +30,12 @@ from satgate_mcp.policy.approvals import ApprovalStore, HeldCall, decision_text,
 from satgate_mcp.stores import cli_approvals
 
 PROG = "satgate-mcp"
+
+
+class ApprovalSettings(PinSettings):
+    """The store's settings, and the daemon's events file: a decision is published there as the console's is."""
+
+    events_file: Path | None = None
 
 
 def add_parser(commands: Any) -> None:
@@ -66,7 +73,8 @@ def main(args: argparse.Namespace) -> ExitCode:
     if args.config is not None and not args.config.is_file():
         return _fail(f"config file not found: {args.config}")
     try:
-        settings = PinSettings(_env_file=args.config) if args.config else PinSettings()  # type: ignore[call-arg]
+        settings = (ApprovalSettings(_env_file=args.config) if args.config  # type: ignore[call-arg]
+                    else ApprovalSettings())
         store = cli_approvals(settings)
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
@@ -79,7 +87,8 @@ def main(args: argparse.Namespace) -> ExitCode:
         run = show(store, as_json=args.json, everything=args.all)
     else:
         run = decide(store, args.approval_id, approve=args.approvals_command == "approve",
-                     by=args.by or operator_name(), note=getattr(args, "reason", None))
+                     by=args.by or operator_name(), note=getattr(args, "reason", None),
+                     events_file=settings.events_file)
     try:
         return asyncio.run(run)
     except Exception as exc:  # a store that does not answer: say what, no traceback
@@ -111,8 +120,9 @@ async def show(store: ApprovalStore, *, as_json: bool = False, everything: bool 
 
 
 async def decide(store: ApprovalStore, approval_id: str, *, approve: bool, by: str, note: str | None = None,
-                 now: float | None = None) -> ExitCode:
-    """Approve or deny one held call; FAILED (saying what happened first) when it was not pending."""
+                 now: float | None = None, events_file: Path | None = None) -> ExitCode:
+    """Approve or deny one held call; FAILED (saying what happened first) when it was not pending. The decision is
+    published (``approval_decided``) on stderr, and in the daemon's events file when it names one."""
     try:
         result = await store.decide(approval_id, approve, by, note, time.time() if now is None else now)
     finally:
@@ -122,6 +132,14 @@ async def decide(store: ApprovalStore, approval_id: str, *, approve: bool, by: s
     record = result.record
     print(f"{'approved' if approve else 'denied'} {record.id}: {record.tool} for token {record.token_id}"
           + (" (the identical call runs once)" if approve else ""))
-    print(json.dumps({"event": "approval_decided", "approval_id": record.id, "decision": record.state,
-                      "by": record.decided_by, "tool": record.tool, "token_id": record.token_id}), file=sys.stderr)
+    fields = {"approval_id": record.id, "decision": record.state, "by": record.decided_by, "tool": record.tool,
+              "token_id": record.token_id}
+    print(json.dumps({"event": events.APPROVAL_DECIDED, **fields}), file=sys.stderr)
+    if events_file is not None:
+        try:
+            sink = events.JsonlFilePublisher(events_file)
+            sink.publish(events.APPROVAL_DECIDED, **fields)
+            sink.close()
+        except OSError as exc:  # the decision is taken; only its event is missing
+            print(f"{PROG}: the decision is taken, but {events_file} could not be written: {exc}", file=sys.stderr)
     return ExitCode.OK

@@ -77,7 +77,7 @@ class ControlsGuard:
 
     async def guard(self, asked: Asked, proceed: Proceed) -> JsonObj:
         controls = asked.identity.controls
-        if not controls or asked.target != "tool":
+        if not controls or asked.target != "tool" or not any(caveat.names(asked.name) for caveat in controls):
             return await proceed()
         arguments = arguments_of(asked.params)
         breaches = judge(controls, asked.name, arguments)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
@@ -95,9 +95,22 @@ class Controls:
     spend_limits: tuple[SpendLimit, ...] = ()
     approvals: tuple[ApprovalRule, ...] = ()
     confirm: tuple[ConfirmRule, ...] = ()
+    #: Tool names met, and whether any entry applies to them: a call no control names pays one dict lookup.
+    _named: dict[str, bool] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.args or self.spend_limits or self.approvals or self.confirm)
+
+    def names(self, tool: str) -> bool:
+        """Whether any entry of this caveat applies to ``tool`` (remembered for up to 256 names)."""
+        known = self._named.get(tool)
+        if known is None:
+            if len(self._named) >= 256:
+                self._named.clear()
+            patterns = [entry.tools for entries in (self.args, self.spend_limits, self.approvals, self.confirm)
+                        for entry in entries]
+            known = self._named[tool] = any(applies(tools, tool) for tools in patterns)
+        return known
 
 
 def applies(tools: tuple[str, ...], name: str) -> bool:

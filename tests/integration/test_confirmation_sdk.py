@@ -110,6 +110,7 @@ async def test_policy_rules_hold_and_confirm_without_re_minting(tmp_path: Path) 
     try:
         gw.start()
         await gw.wait_ready()
+        gw.cli_env["SATGATE_EVENTS_FILE"] = str(gw.events_file)  # the command publishes its decision there too
         async with asyncio.timeout(60), session(gw.url, mint_token(KEY, "agent-p"), user) as client:
             held = await refused(client, "fetch", {"url": "https://api.example.com/v1/big"})
             assert held["error"] == "approval_required"
@@ -119,6 +120,11 @@ async def test_policy_rules_hold_and_confirm_without_re_minting(tmp_path: Path) 
             assert await call_text(client, "fetch", {"url": "https://api.example.com/v1/small"}, timeout=TIMEOUT) \
                 == "fetched https://api.example.com/v1/small"
         assert user.asked == ["Fetch this URL?\n\nTool: fetch"]
+        [requested] = gw.events("approval_requested")
+        assert (requested["tool"], requested["reason"]) == ("fetch", "big downloads are approved by an operator")
+        [decided] = gw.events("approval_decided")
+        assert (decided["approval_id"], decided["decision"]) == (requested["approval_id"], "approved")
+        assert [e["approval_id"] for e in gw.events("approval_used")] == [requested["approval_id"]]
     finally:
         await gw.kill()
 
