@@ -26,6 +26,7 @@ from satgate_mcp.auth.revocation import RevocationStore
 from satgate_mcp.console.approvals_view import ConsoleApprovals
 from satgate_mcp.console.audit_view import ConsoleAudit
 from satgate_mcp.console.features import Features
+from satgate_mcp.console.spend_view import ConsoleSpendLimits
 from satgate_mcp.console.wiring import Gateway, add_console
 from satgate_mcp.contracts import Policy, Pool
 from satgate_mcp.dispatch import Dispatcher
@@ -254,7 +255,10 @@ def _console(app: web.Application, authenticator: Authenticator, publisher: Publ
     breakers = _Circuits(pool) if isinstance(pool, UpstreamPool) and http else None
     audit = ConsoleAudit(auditor, app[SETTINGS].audit_file or "-") if auditor is not None else None
     approvals = ConsoleApprovals(stores.approvals, app[HOLDS], publisher, time.time)
-    parts = add_console(app, gateway, Features(approvals=approvals, breakers=breakers, audit=audit))
+    spend = (ConsoleSpendLimits(app[REGISTRY], stores.spend, time.time, stores.timeout)
+             if app[SETTINGS].auth_mode == "header" else None)
+    parts = add_console(app, gateway, Features(approvals=approvals, spend_limits=spend, breakers=breakers,
+                                               audit=audit))
     if parts is not None:
         app[CONSOLE] = parts
 

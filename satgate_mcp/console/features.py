@@ -23,7 +23,8 @@ class Approvals(Protocol):
 
 
 class SpendLimits(Protocol):
-    """Spend limits per window (tool controls): rows ``{"token_id", "tool", "window", "limit", "spent"}``."""
+    """Spend limits per window (tool controls): rows ``{"token_id", "spender", "tool", "field", "window", "tz",
+    "limit", "spent", "resets_at"}``."""
 
     async def list(self) -> list[dict[str, Any]]: ...
 
@@ -58,8 +59,7 @@ class Features:
 #: What a view shows for a feature that is absent, and the 409 its actions answer.
 OFF: dict[str, str] = {
     "approvals": "Held calls are not shown: this gateway was built without them.",
-    "spend_limits": "Spend limits per window are not shown here yet: the console does not read the spend store "
-                    "(token inspect shows a token's limits; refusals name what remains).",
+    "spend_limits": "Spend limits per window are carried by header-mode tokens (macaroons) only.",
     "audit": "The audit trail is off: set SATGATE_AUDIT_FILE.",
     "breakers": "No circuit breaker is configured for any HTTP upstream.",
     "policy": "Policy rules are off: set SATGATE_POLICY_FILE.",

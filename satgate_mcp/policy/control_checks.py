@@ -74,6 +74,8 @@ class Hold:
 
     reason: str
     wait: int | None
+    #: The arguments the matching entries name (``field``): all an operator is shown of the call's arguments.
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,9 @@ def hold_for(controls: tuple[Controls, ...], tool: str, arguments: Mapping[str, 
     if not rules:
         return None
     waits = [rule.wait for rule in rules if rule.wait is not None]
-    return Hold("; ".join(dict.fromkeys(approval_reason(rule) for rule in rules)), min(waits) if waits else None)
+    fields = tuple(dict.fromkeys(rule.field for rule in rules if rule.field is not None))
+    return Hold("; ".join(dict.fromkeys(approval_reason(rule) for rule in rules)), min(waits) if waits else None,
+                fields)
 
 
 def confirm_for(controls: tuple[Controls, ...], tool: str) -> Confirm | None:

@@ -98,7 +98,7 @@ class ControlsGuard:
                 self.breached(asked, [confirm_breach(asked.name)])
         if (hold := hold_for(controls, asked.name, arguments)) is not None:
             if self.enforce:
-                return await self._holds.hold(asked, hold.reason, hold.wait, confirmed)
+                return await self._holds.hold(asked, hold.reason, hold.wait, confirmed, shown=hold.fields)
             self.breached(asked, [approval_breach(hold, asked.name)])
         return await confirmed()
 

@@ -132,14 +132,18 @@ class Holds:
         #: Waiting held calls of this process, woken at once by a decision taken here (the console).
         self._waiting: dict[str, asyncio.Event] = {}
 
-    async def hold(self, asked: Asked, reason: str, wait: int | None, proceed: Proceed) -> JsonObj:
-        """Run the call if its identical copy was approved (once); else record it and refuse, or wait."""
+    async def hold(self, asked: Asked, reason: str, wait: int | None, proceed: Proceed, *,
+                   shown: tuple[str, ...] = ()) -> JsonObj:
+        """Run the call if its identical copy was approved (once); else record it and refuse, or wait. The record
+        keeps of the arguments only those ``shown`` (the ones the rule names: the rest may be secrets); the
+        fingerprint covers them all."""
         arguments = asked.params.get("arguments")
         arguments = arguments if isinstance(arguments, dict) else {}
         now = self._clock()
         identity = asked.identity
+        named = {name: arguments[name] for name in shown if name in arguments}
         request = HeldCall(new_id(), fingerprint(identity.token_id, asked.name, arguments), identity.token_id,
-                           identity.family_id, asked.name[:200], shown_arguments(arguments), reason[:500], now,
+                           identity.family_id, asked.name[:200], shown_arguments(named), reason[:500], now,
                            now + self._ttl)
         outcome = await self._bounded(lambda: self._store.hold(request, now, self._per_family))
         self._metrics.approvals.labels(outcome=outcome.found).inc()

@@ -1,7 +1,8 @@
 """Held calls in the console (``create_app`` in this process): an admin approves an agent's held call and its
 identical repeat runs once; but no admin decides a call of its own delegation family (the token that asked, a
 token delegated from it, or its parent): an agent holding an admin token cannot approve what it asked for. A
-second decision is a 409 that names the first; an unknown id is a 404."""
+second decision is a 409 that names the first; an unknown id is a 404. The operator is shown only the arguments the
+rule names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from tests.answers import read_answer
 from tests.fakes import FakePool
 
 KEY = "console-approvals-root-key-0123456789-abcdefghij"
-HELD = parse_controls(json.dumps({"approvals": [{"tools": ["pay"]}]}))
+HELD = parse_controls(json.dumps({"approvals": [{"tools": ["pay"], "field": "amount", "above": "1"}]}))
+#: An argument the rule does not name: never shown to the operator (it may be a secret).
+CARD = "4111-1111-1111-1111"
 #: An admin that is also an agent: its own calls are held like anyone's.
 ADMIN_AGENT = mint_token(KEY, "ops-agent", admin=True, ttl=3600, controls=HELD)
 OTHER_ADMIN = mint_token(KEY, "ops-other", admin=True, ttl=3600)
@@ -57,7 +60,7 @@ async def held_call(client: Client, token: str) -> tuple[str, str]:
 
 def pay(request_id: int) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-            "params": {"name": "pay", "arguments": {"amount": 5}}}
+            "params": {"name": "pay", "arguments": {"amount": 5, "card": CARD}}}
 
 
 async def decide(client: Client, admin: str, action: str, approval_id: str) -> tuple[int, Any]:
@@ -94,6 +97,7 @@ async def test_another_admin_approves_once_and_the_repeat_runs_once(client: Clie
                                      headers={"Authorization": f"Bearer {OTHER_ADMIN}"})).json()
     assert [(h["id"], h["token_id"], h["tool"], h["args"]) for h in listed["held"]] == [
         (approval_id, "ops-agent", "pay", '{"amount": 5}')]
+    assert CARD not in json.dumps(listed)
     assert await decide(client, OTHER_ADMIN, "approve", approval_id) == (200, {"approved": approval_id})
     status, again = await decide(client, OTHER_ADMIN, "deny", approval_id)
     assert status == 409

@@ -169,7 +169,9 @@
         data.budgets.rows.map((b) => [b.budget_id, b.spent ?? "-", b.limit ?? "unlimited", b.remaining ?? "unlimited", b.tokens.join(", ")]))
         : el("p", { class: "muted" }, "No budget in use."));
       main.append(el("h2", {}, "Spend limits per window"), data.spend_limits.enabled
-        ? table(["Token", "Tool", "Window", "Spent", "Limit"], data.spend_limits.rows.map((r) => [r.token_id, r.tool, r.window, r.spent, r.limit]))
+        ? (data.spend_limits.rows.length
+          ? table(["Token", "Spends from", "Tools", "Field", "Window", "Spent", "Limit", "Resets"], data.spend_limits.rows.map((r) => [r.token_id, r.spender, r.tool, r.field, `${r.window} (${r.tz})`, r.spent ?? "?", r.limit, r.resets_at]))
+          : el("p", { class: "muted" }, "No token with a session here carries a spend limit."))
         : off(data.spend_limits));
       main.append(el("h2", {}, `Rate refusals (SATGATE_RATE_LIMIT=${data.rate_limit || "off"})`), counts(data.rate_refusals));
       main.append(el("h2", {}, "Revoke a token"));
