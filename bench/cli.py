@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from bench.audit import main_audit
 from bench.compare import main_compare
+from bench.console import main_console
 from bench.controls import main_controls
 from bench.plain import main_plain
 from bench.policy import main_policy
@@ -55,6 +56,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="two targets in turn, gateway-header and gateway-controls (every token carries tool controls for other "
              "tools, bench/controls.py): what a call no control matches pays, in gateway CPU ms per call; uses "
              "--sessions, --workers, --duration, --rounds, --json")
+    parser.add_argument_group("operator console (--console)").add_argument(
+        "--console", action="store_true",
+        help="two targets in turn, gateway-header (console on, the default) and gateway-console-off "
+             "(SATGATE_CONSOLE=off, bench/console.py): what the console costs a call; uses --sessions, --workers, "
+             "--duration, --rounds, --json")
     parser.add_argument_group("audit trail (--audit)").add_argument(
         "--audit", action="store_true",
         help="two targets in turn, gateway-header and gateway-audit (the same with SATGATE_AUDIT_FILE, "
@@ -127,4 +133,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return main_audit(args)
     if args.controls:
         return main_controls(args)
+    if args.console:
+        return main_console(args)
     return main_compare(args) if args.compare else main_plain(args)
