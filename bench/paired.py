@@ -37,8 +37,8 @@ class Variant:
     env: Callable[[Path], dict[str, str]]
     #: Tool controls (a ``controls`` caveat's JSON) every token of this target carries; None: none.
     controls: str | None = None
-    #: The target turns a feature *off*: the figure is within the allowance either way (a saving is the cost).
-    two_sided: bool = False
+    #: The target turns a feature *off*: the feature's cost is what turning it off saves (plain minus target).
+    turns_off: bool = False
 
     @property
     def targets(self) -> tuple[str, str]:
@@ -58,7 +58,7 @@ def summary(rounds: list[dict[str, Any]], variant: Variant) -> dict[str, Any]:
                for target in variant.targets for runs in [[r for r in rounds if r["target"] == target]]}
     extra = figures[variant.target]["cpu_ms_per_call"] - figures[PLAIN]["cpu_ms_per_call"]
     return {**figures, variant.key: extra, "allowed_ms": variant.allowed_ms,
-            "within_allowance": bool((abs(extra) if variant.two_sided else extra) <= variant.allowed_ms)
+            "within_allowance": bool((-extra if variant.turns_off else extra) <= variant.allowed_ms)
             if not math.isnan(extra) else None}
 
 
