@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.process, pytest.mark.browser]
 AGENT_1 = mint_token(KEY, "agent-1", tenant="acme", budget_id="team-acme")
 #: Agent 2's large additions wait for an operator: the admin approves one in the approvals view.
 AGENT_2 = mint_token(KEY, "agent-2", tenant="globex", controls=parse_controls(json.dumps(
-    {"approvals": [{"tools": ["add"], "field": "a", "above": "100"}]})))
+    {"approvals": [{"tools": ["add"], "field": "a", "above": "100"}],
+     "spend_limits": [{"tools": ["add"], "field": "b", "max": "1000", "window": "day", "tz": "Europe/Paris"}]})))
 AGENT_3 = mint_token(KEY, "agent-3", tenant="globex")
 VIEWS = ("overview", "sessions", "upstreams", "tokens", "approvals", "policy")
 #: The first page load (page, stylesheet, script, the first API answers) stays under this.
