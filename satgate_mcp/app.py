@@ -13,7 +13,6 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -64,9 +63,10 @@ from satgate_mcp.stores.audit_file import AuditFile
 from satgate_mcp.transport import health, jwks, oauth
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
-from satgate_mcp.transport.listen import Listeners, Notice, fan_out
+from satgate_mcp.transport.listen import Listeners, fan_out
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.mrtr import Flows, derive_keys
+from satgate_mcp.transport.reload_notices import ReloadNotices
 from satgate_mcp.transport.replay import ReplayBook
 from satgate_mcp.transport.session_endpoint import SessionEndpoint
 from satgate_mcp.transport.session_gate import SessionGate
@@ -74,7 +74,6 @@ from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 from satgate_mcp.transport.trace_middleware import tracing_middleware
-from satgate_mcp.upstream.catalog import ANNOUNCED
 from satgate_mcp.upstream.pool import UpstreamPool
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -278,8 +277,8 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     listeners = Listeners()
     notice = fan_out(hub.notice, listeners.notice)
     pool.listen(notice)
-    if POLICY_FILE in app:  # a reload that changes what sessions may see tells them the way the pool does
-        app[POLICY_FILE].on_lists_changed = partial(_lists_changed, notice, dispatcher)
+    if POLICY_FILE in app:  # a reload that changes what sessions may see tells them, and only them
+        app[POLICY_FILE].on_lists_changed = ReloadNotices(pool, registry, hub, listeners, dispatcher)
 
     def session_ended(session: Session, reason: CloseReason) -> None:
         hub.end(session.id)
@@ -306,12 +305,6 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())
-
-
-def _lists_changed(notice: Notice, dispatcher: Dispatcher, kinds: list[str]) -> None:
-    dispatcher.guards_changed(kinds)
-    for method in dict.fromkeys(ANNOUNCED[kind] for kind in kinds if kind in ANNOUNCED):
-        notice(method, None)
 
 
 async def _stores(app: web.Application) -> AsyncIterator[None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -63,11 +63,15 @@ def changed_lists(old: RuleSet, new: RuleSet) -> list[str]:
     return [kind for kind in LISTED if _visibility(old, kind) != _visibility(new, kind)]
 
 
+#: Told of a reload that may change what callers are shown: the list kinds, the decider before and after.
+ListsChanged = Callable[[list[str], Decider, Decider], Awaitable[None]]
+
+
 class PolicyFile:
     """The policy file of one process: polled, and its good versions swapped into the guard."""
 
     def __init__(self, path: Path, default: Effect, guard: PolicyGuard, *, publisher: Publisher, metrics: Metrics,
-                 on_lists_changed: Callable[[list[str]], None] = lambda kinds: None) -> None:
+                 on_lists_changed: ListsChanged | None = None) -> None:
         self.path, self._default, self._guard = path, default, guard
         self._publisher, self._metrics = publisher, metrics
         self.on_lists_changed = on_lists_changed
@@ -112,8 +116,8 @@ class PolicyFile:
         self._metrics.policy_reloads.labels(outcome="loaded").inc()
         self._publisher.publish(events.POLICY_LOADED, file=str(self.path), rules=len(loaded.rules))
         changed = changed_lists(previous.rules, loaded)
-        if changed:
-            self.on_lists_changed(changed)
+        if changed and self.on_lists_changed is not None:
+            await self.on_lists_changed(changed, previous, self._guard.decider)
         return True
 
     def _reject(self, exc: PolicyInvalid) -> None:

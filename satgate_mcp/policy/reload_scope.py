@@ -26,9 +26,9 @@ def identity_key(identity: Identity) -> tuple[object, ...]:
 
 class Affected:
     """``affected(identity, kind)``: whether the reload from ``old`` to ``new`` changes what ``identity`` is shown of
-    the ``kind`` list (``items``: the list as the pool has it)."""
+    the ``kind`` list (``items``: the list as the pool has it; None for a kind: unknown, so everyone is)."""
 
-    def __init__(self, old: Decider, new: Decider, items: Mapping[Kind, Sequence[Item]]) -> None:
+    def __init__(self, old: Decider, new: Decider, items: Mapping[Kind, Sequence[Item] | None]) -> None:
         self._old, self._new, self._items = old, new, items
         self._verdicts: dict[tuple[object, ...], bool] = {}
 
@@ -36,7 +36,8 @@ class Affected:
         key = (kind, *identity_key(identity))
         verdict = self._verdicts.get(key)
         if verdict is None:
-            verdict = self._verdicts[key] = any(
+            items = self._items.get(kind, ())
+            verdict = self._verdicts[key] = items is None or any(
                 self._old.hidden(identity, kind, item, upstream) != self._new.hidden(identity, kind, item, upstream)
-                for item, upstream in self._items.get(kind, ()))
+                for item, upstream in items)
         return verdict

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
 
 from satgate_mcp import jsonrpc
+from satgate_mcp.auth.base import Identity
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.subscriptions import Origin, Subscriptions
 from satgate_mcp.transport.stateless_rules import META_SUBSCRIPTION_ID
@@ -111,6 +112,8 @@ class Listener:
     key: str
     subscription_id: RequestId
     filter: ListenFilter
+    #: Who listens: a policy reload tells only those whose lists it changed.
+    identity: Identity | None = None
     #: One slot beyond MAX_QUEUED for the None that ends a stream whose reader fell behind.
     queue: asyncio.Queue[JsonObj | None] = field(default_factory=lambda: asyncio.Queue(MAX_QUEUED + 1))
 
@@ -138,8 +141,8 @@ class Listeners:
     def __len__(self) -> int:
         return len(self._open)
 
-    def open(self, subscription_id: RequestId, agreed: ListenFilter) -> Listener:
-        listener = Listener(f"listen:{next(self._keys)}", subscription_id, agreed)
+    def open(self, subscription_id: RequestId, agreed: ListenFilter, identity: Identity | None = None) -> Listener:
+        listener = Listener(f"listen:{next(self._keys)}", subscription_id, agreed, identity)
         self._open[listener.key] = listener
         self._none_open.clear()
         return listener
@@ -148,6 +151,13 @@ class Listeners:
         self._open.pop(listener.key, None)
         if not self._open:
             self._none_open.set()
+
+    def tell(self, method: str, only: Callable[[Identity], bool]) -> None:
+        """A list change for some callers only (a policy reload changed what they, and no others, are shown)."""
+        message = jsonrpc.notification_message(method, None)
+        for listener in self._open.values():
+            if listener.filter.wants(method, None) and (listener.identity is None or only(listener.identity)):
+                listener.deliver(stamped(message, listener.subscription_id))
 
     def notice(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         if origin is not None:  # from one client's own upstream child: a listen stream never subscribes there

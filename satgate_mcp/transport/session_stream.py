@@ -133,6 +133,15 @@ class StreamHub:
         for stream in self._streams.values():
             stream.end()
 
+    def tell(self, method: str, only: Callable[[Session], bool]) -> None:
+        """A list change for some sessions only (a policy reload changed what they, and no others, are shown)."""
+        message = jsonrpc.notification_message(method, None)
+        for stream in self._streams.values():
+            if only(stream.session):
+                if method == TOOLS_CHANGED:
+                    stream.session.saw_tools(self._tools_version())
+                stream.deliver(message)
+
     def notice(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         """The pool's listener: a merged list changed, or an upstream resource was updated."""
         message = jsonrpc.notification_message(method, params)

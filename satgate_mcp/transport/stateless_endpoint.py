@@ -74,7 +74,7 @@ class StatelessEndpoint:
             return json_answer(too_many_in_flight(message.id))
         capabilities = self._dispatcher.capabilities()
         lists = listen.honoured_lists(flags, capabilities)
-        listener = self.listeners.open(message.id, listen.ListenFilter(lists))
+        listener = self.listeners.open(message.id, listen.ListenFilter(lists), principal.identity)
         try:
             subscribable = isinstance(capabilities.get("resources"), dict) and bool(
                 capabilities["resources"].get("subscribe"))
