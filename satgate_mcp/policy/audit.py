@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import orjson
+
 from satgate_mcp.jsonrpc import JsonObj, dumps
 
 #: The methods each call of which is one line (their refusals included).
@@ -44,8 +46,14 @@ def line_hash(line: str) -> str:
 
 
 def canonical(value: object) -> bytes:
-    """One byte string per JSON value whatever its key order: what ``args_sha256`` hashes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    """One byte string per JSON value whatever its key order (compact, keys sorted, UTF-8): what ``args_sha256``
+    hashes. orjson on a call's path; the standard library for what it refuses (integers past 64 bits, lone
+    surrogates), with the same layout."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass")
 
 
 def args_fields(arguments: object, mode: ArgsMode) -> JsonObj:
@@ -83,8 +91,17 @@ def outcome_of(reply: JsonObj) -> Outcome:
     return Outcome("error", code, reason=reason if isinstance(reason, str) else None)
 
 
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
 def timestamp(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO 8601 UTC with milliseconds; the date and time of the second are made once a second."""
+    whole = int(wall)
+    second, text = _second[0]
+    if whole != second:
+        text = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second[0] = (whole, text)
+    return f"{text}.{min(999, round((wall - whole) * 1_000_000) // 1000):03d}Z"
 
 
 def seal(record: Mapping[str, Any], seq: int, prev: str) -> str:

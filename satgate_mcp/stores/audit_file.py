@@ -1,10 +1,11 @@
 """The audit trail's writer (``SATGATE_AUDIT_FILE``): the one owner of the file, off the request path.
 
 A store like the others: it keeps what the gateway must not lose, and only it touches the disk. Calls hand it a
-record and go on (a bounded queue); one task writes whatever has queued as one batch (one write to the kernel, so a
-killed process loses nothing written), and a ticker fsyncs it in a worker thread every 100 ms, so nothing waits on
-the disk but the writer. At shutdown it writes and fsyncs everything queued: SIGTERM loses no line of a call that
-was answered (the app closes it after the server has drained).
+record and go on (appended to a bounded list: no task is woken per call); the first record of a batch schedules
+one write ``GATHER_SECONDS`` later of whatever has gathered by then (one write to the kernel, so a killed process
+loses nothing written), and a ticker fsyncs it in a worker thread every 100 ms, so nothing waits on the disk but
+the writer. At shutdown it writes and fsyncs everything pending: SIGTERM loses no line of a call that was
+answered (the app closes it after the server has drained).
 
 The chain continues across restarts (the file's last line is read at start) and across rotation: before each
 batch the writer compares the path's inode with its open file's, and on a change (logrotate renamed the file, or
@@ -32,9 +33,9 @@ log = structlog.get_logger("satgate_mcp.audit")
 QUEUE_CAPACITY = 10_000
 #: Lines written at once at most.
 BATCH = 1_000
-#: How long the writer waits after a first line for others to join its batch: one wake-up, one write, one
-#: stat for many calls under load, a line late by this much when idle.
-GATHER_SECONDS = 0.002
+#: How long a batch gathers after its first line: one timer and one write for many calls under load, a line
+#: late by this much (and on disk within the next fsync) when idle.
+GATHER_SECONDS = 0.01
 #: How often what was written is fsynced (and a rotated file noticed): at least every 100 ms, as promised.
 SYNC_SECONDS = 0.1
 
@@ -58,7 +59,9 @@ class AuditFile:
     def __init__(self, path: str, *, capacity: int = QUEUE_CAPACITY, on_drop: Callable[[], None] | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.path = path
-        self._queue: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue(capacity)
+        self._capacity = capacity
+        self._pending: list[Mapping[str, Any]] = []
+        self._scheduled: asyncio.TimerHandle | None = None
         self._on_drop = on_drop
         self._file: IO[str] | None = None
         self._inode: int | None = None
@@ -74,31 +77,38 @@ class AuditFile:
 
     @property
     def full(self) -> bool:
-        return self._queue.full()
+        return len(self._pending) >= self._capacity
 
     def submit(self, record: Mapping[str, Any]) -> bool:
-        """Queue one record; False (and counted) when the queue is full."""
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
+        """Keep one record for the next write; False (and counted) when too many wait."""
+        if len(self._pending) >= self._capacity:
             if self._on_drop is not None:
                 self._on_drop()
             return False
+        self._pending.append(record)
+        if self._scheduled is None:
+            self._scheduled = asyncio.get_running_loop().call_later(GATHER_SECONDS, self.flush)
         return True
 
+    def flush(self) -> None:
+        """Write every pending record now (the scheduled write, shutdown, and tests that read the file)."""
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
+        pending, self._pending = self._pending, []
+        for start in range(0, len(pending), BATCH):
+            self._write(pending[start:start + BATCH])
+
     async def start(self) -> None:
-        """Find where the chain stands (the file's last line) and start the writer and its fsync ticker."""
+        """Find where the chain stands (the file's last line) and start the fsync ticker."""
         tail = [] if self.to_stdout else await asyncio.to_thread(_tail, self.path)
         self._prev, self._seq = last_link(tail)
-        self._tasks = [asyncio.create_task(self._run(), name="audit-writer")]
         if not self.to_stdout:
-            self._tasks.append(asyncio.create_task(self._tick(), name="audit-fsync"))
+            self._tasks = [asyncio.create_task(self._tick(), name="audit-fsync")]
 
     async def close(self) -> None:
-        """Write and fsync whatever is queued, then stop."""
-        if not self._tasks:
-            return
-        await self._queue.join()
+        """Write and fsync whatever is pending, then stop."""
+        self.flush()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -110,18 +120,6 @@ class AuditFile:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
-
-    async def _run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(GATHER_SECONDS)  # let the lines of calls finishing now join this batch
-            while len(batch) < BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                self._write(batch)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
 
     async def _tick(self) -> None:
         """Every ``SYNC_SECONDS``: what was written since is fsynced, in a worker thread."""
@@ -177,12 +175,16 @@ class AuditFile:
                 self._file.close()
             self._file = None
 
-    def _reopen_if_rotated(self) -> None:
+    def _moved(self) -> bool:
+        """Whether the path no longer names the open file (renamed or removed under us)."""
         try:
-            inode: int | None = os.stat(self.path).st_ino
+            return os.stat(self.path).st_ino != self._inode
         except FileNotFoundError:
-            inode = None
-        if self._file is not None and inode == self._inode:
+            return True
+
+    def _reopen_if_rotated(self) -> None:
+        """Once a batch (every ``GATHER_SECONDS`` at most): one ``stat`` tells whether logrotate moved the file."""
+        if self._file is not None and not self._moved():
             return
         if self._file is not None:
             log.info("audit_file_rotated", path=self.path)
