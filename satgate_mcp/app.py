@@ -47,6 +47,7 @@ from satgate_mcp.keys import (
     TOMBSTONES,
 )
 from satgate_mcp.metrics import Metrics
+from satgate_mcp.policy.approval_webhook import ApprovalWebhook
 from satgate_mcp.policy.audit_trail import AuditEvents, Auditor
 from satgate_mcp.policy.control_guard import ControlsGuard, enforces
 from satgate_mcp.policy.decide import Decider
@@ -112,7 +113,14 @@ def _guards(app: web.Application, publisher: Publisher, metrics: Metrics, pins: 
 
 def _approval_webhook(app: web.Application) -> Callable[[dict[str, Any]], None] | None:
     """``SATGATE_APPROVAL_WEBHOOK``'s sender (started and stopped with the app), or None."""
-    return None
+    settings, metrics = app[SETTINGS], app[METRICS]
+    if not settings.approval_webhook:
+        return None
+    secret = settings.approval_webhook_secret
+    hook = ApprovalWebhook(settings.approval_webhook, secret.get_secret_value() if secret is not None else None,
+                           outcome=lambda outcome: metrics.approval_webhook.labels(outcome=outcome).inc())
+    app.cleanup_ctx.append(_started(hook.start, hook.aclose))
+    return hook.send
 
 
 async def _policy_watch(app: web.Application) -> AsyncIterator[None]:

@@ -99,6 +99,9 @@ class Metrics:
         self.approvals = Counter("satgate_approval_holds", "Held tool calls, by what the call found (`requested`: a "
                                  "new approval asked for; `pending`, `approved` (run once), `denied`, `expired`, "
                                  "`full`: the token's queue of pending approvals is full)", ["outcome"], registry=r)
+        self.approval_webhook = Counter("satgate_approval_webhook_deliveries", "Approval webhook payloads, by outcome "
+                                        "(`delivered`, `given_up` after its tries or a 4xx, `dropped`: the queue was "
+                                        "full)", ["outcome"], registry=r)
         self.confirmations = Counter("satgate_confirmations", "Tool calls that asked their user for confirmation, by "
                                      "answer (`accepted`, `declined`, `unavailable`)", ["answer"], registry=r)
 

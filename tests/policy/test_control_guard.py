@@ -5,11 +5,13 @@ it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from aiohttp import web
 from pydantic import SecretStr
 from pytest_aiohttp import AiohttpClient
 
@@ -18,6 +20,7 @@ from satgate_mcp.app import create_app
 from satgate_mcp.auth.macaroons import add_caveats
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.keys import METRICS
+from satgate_mcp.policy.approval_webhook import verify
 from satgate_mcp.policy.control_guard import enforces
 from satgate_mcp.policy.controls import parse_controls
 from satgate_mcp.settings import Settings
@@ -146,3 +149,29 @@ def test_the_settings_tell_an_operators_observe_from_the_default(monkeypatch: py
     settings = Settings()
     assert settings.enforcement == "observe"
     assert enforces(settings.enforcement, "enforcement" in settings.model_fields_set) is not explicit
+
+
+async def test_each_approval_request_reaches_the_webhook_signed(make_gateway: Factory, aiohttp_server: Any) -> None:
+    got: list[tuple[dict[str, str], bytes]] = []
+    arrived = asyncio.Event()
+
+    async def receive(request: web.Request) -> web.Response:
+        got.append((dict(request.headers), await request.read()))
+        arrived.set()
+        return web.Response()
+
+    receiver = web.Application()
+    receiver.router.add_post("/hook", receive)
+    server = await aiohttp_server(receiver)
+    secret = "hook-secret-0123456789abcdef"
+    gw = await make_gateway(approval_webhook=str(server.make_url("/hook")), approval_webhook_secret=SecretStr(secret))
+    bearer = token(APPROVE_AND_CONFIRM)
+    session = await gw.session(bearer)
+    held = refusal(await gw.call(bearer, session, "pay", {"amount": 51, "card": "4111-secret"}))
+    await arrived.wait()
+    [(headers, body)] = got
+    assert verify(secret, headers["X-Satgate-Timestamp"], body, headers["X-Satgate-Signature"])
+    payload = json.loads(body)
+    assert (payload["event"], payload["approval_id"], payload["tool"], payload["arguments"]) == (
+        "approval_requested", held["approval_id"], "pay", '{"amount": 51}')
+    assert "4111-secret" not in body.decode()
