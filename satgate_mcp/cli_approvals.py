@@ -19,12 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from satgate_mcp import events
-from satgate_mcp.cli_tools import PinSettings
-from satgate_mcp.config_problems import format_errors
-from satgate_mcp.errors import ConfigError
+from satgate_mcp.cli_tools import PinSettings, open_store
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.policy.approvals import ApprovalStore, HeldCall, decision_text, iso
 from satgate_mcp.stores import cli_approvals
@@ -70,19 +66,10 @@ def operator_name() -> str:
 
 def main(args: argparse.Namespace) -> ExitCode:
     """Run ``approvals list``, ``approve`` or ``deny``."""
-    if args.config is not None and not args.config.is_file():
-        return _fail(f"config file not found: {args.config}")
-    try:
-        settings = (ApprovalSettings(_env_file=args.config) if args.config  # type: ignore[call-arg]
-                    else ApprovalSettings())
-        store = cli_approvals(settings)
-    except ValidationError as exc:
-        print(format_errors(exc), file=sys.stderr)
-        return ExitCode.CONFIG
-    except ConfigError as exc:
-        return _fail(str(exc))
-    if isinstance(store, str):
-        return _fail(store)
+    opened = open_store(args, ApprovalSettings, cli_approvals)
+    if isinstance(opened, ExitCode):
+        return opened
+    settings, store = opened
     if args.approvals_command == "list":
         run = show(store, as_json=args.json, everything=args.all)
     else:

@@ -12,9 +12,10 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -67,13 +68,19 @@ def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
     return code
 
 
-def main(args: argparse.Namespace) -> ExitCode:
-    """Run ``tools pins`` or ``tools approve``."""
+P = TypeVar("P", bound=PinSettings)
+S = TypeVar("S")
+
+
+def open_store(args: argparse.Namespace, settings_type: type[P], opener: Callable[[P], S | str]
+               ) -> tuple[P, S] | ExitCode:
+    """The settings (``--config``'s file, else the environment) and the store they name; a config problem is
+    said in one line and its exit code returned instead."""
     if args.config is not None and not args.config.is_file():
         return _fail(f"config file not found: {args.config}")
     try:
-        settings = PinSettings(_env_file=args.config) if args.config else PinSettings()  # type: ignore[call-arg]
-        store = cli_pins(settings)
+        settings = settings_type(_env_file=args.config) if args.config else settings_type()  # type: ignore[call-arg]
+        store = opener(settings)
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
         return ExitCode.CONFIG
@@ -81,6 +88,15 @@ def main(args: argparse.Namespace) -> ExitCode:
         return _fail(str(exc))
     if isinstance(store, str):
         return _fail(store)
+    return settings, store
+
+
+def main(args: argparse.Namespace) -> ExitCode:
+    """Run ``tools pins`` or ``tools approve``."""
+    opened = open_store(args, PinSettings, cli_pins)
+    if isinstance(opened, ExitCode):
+        return opened
+    _, store = opened
     run = show_pins(store, as_json=args.json) if args.tools_command == "pins" else approve_pins(
         store, target=args.target, upstream=args.upstream)
     try:

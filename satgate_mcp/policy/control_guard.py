@@ -12,7 +12,6 @@ rate limits and budgets; controls a token carries are enforced unless the operat
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -22,7 +21,7 @@ import structlog
 
 from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.errors import GatewayError, store_unavailable
+from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import Publisher
 from satgate_mcp.guards import Asked, ClientFacts, Proceed
 from satgate_mcp.jsonrpc import JsonObj
@@ -50,6 +49,7 @@ from satgate_mcp.policy.spend import (
     plan,
     reservation_key,
 )
+from satgate_mcp.policy.store_time import never_waived
 from satgate_mcp.upstream.catalog import Kind
 
 log = structlog.get_logger("satgate_mcp.controls")
@@ -142,13 +142,11 @@ class ControlsGuard:
 
     async def _store(self, operation: Callable[[], Awaitable[T]]) -> T:
         """A store operation, bounded; a fault is the closed refusal (a spend limit is never waived)."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await operation()
-        except Exception as exc:
-            self._metrics.store_errors.labels(op="spend").inc()
-            log.warning("spend_store_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            raise store_unavailable() from None
+        return await never_waived(operation, self._timeout, self._fault)
+
+    def _fault(self, error: str) -> None:
+        self._metrics.store_errors.labels(op="spend").inc()
+        log.warning("spend_store_failed", error=error)
 
     def breached(self, asked: Asked, breaches: list[Breach]) -> None:
         """Count and log each breach; enforcing, refuse with the first."""

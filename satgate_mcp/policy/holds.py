@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from satgate_mcp import events, jsonrpc
-from satgate_mcp.errors import GatewayError, store_unavailable
+from satgate_mcp.errors import GatewayError
 from satgate_mcp.events import Publisher
 from satgate_mcp.guards import Asked, Proceed
 from satgate_mcp.jsonrpc import JsonObj
@@ -34,6 +34,7 @@ from satgate_mcp.policy.approvals import (
     new_id,
     shown_arguments,
 )
+from satgate_mcp.policy.store_time import never_waived
 from satgate_mcp.upstream.base import is_relay
 
 log = structlog.get_logger("satgate_mcp.holds")
@@ -241,10 +242,8 @@ class Holds:
 
     async def _bounded(self, operation: Callable[[], Awaitable[T]]) -> T:
         """A store operation, bounded; a fault refuses the call (a hold is never waived)."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await operation()
-        except Exception as exc:
-            self._metrics.store_errors.labels(op="approvals").inc()
-            log.warning("approval_store_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            raise store_unavailable() from None
+        return await never_waived(operation, self._timeout, self._fault)
+
+    def _fault(self, error: str) -> None:
+        self._metrics.store_errors.labels(op="approvals").inc()
+        log.warning("approval_store_failed", error=error)

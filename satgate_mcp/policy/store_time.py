@@ -16,6 +16,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from satgate_mcp.errors import store_unavailable
+
 T = TypeVar("T")
 
 #: Tries of a resolution before the answer goes out, sharing one store timeout: a lost answer costs a call
@@ -85,3 +87,16 @@ async def in_background(ask: Callable[[], Awaitable[T]], *, allowance: float | N
             if n == len(waits) - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+async def never_waived(operation: Callable[[], Awaitable[T]], timeout: float | None, on_fault: Callable[[str], None]
+                       ) -> T:
+    """One store operation of a control that is never waived (a spend limit, an approval hold), bounded by
+    ``timeout``: any fault is told to ``on_fault`` (a short description, for the metric and the log) and becomes the
+    closed refusal (503 + ``Retry-After``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await operation()
+    except Exception as exc:
+        on_fault(f"{type(exc).__name__}: {exc}"[:300])
+        raise store_unavailable() from None

@@ -6,21 +6,19 @@ reopened database."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
-import redis.asyncio as redis
 
 from satgate_mcp.policy.approvals import ApprovalStore, HeldCall, HoldOutcome, fingerprint, new_id
 from satgate_mcp.stores.memory_approvals import MemoryApprovalStore
 from satgate_mcp.stores.redis.approvals import RedisApprovalStore
-from satgate_mcp.stores.sqlite import LocalState
 from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
-from tests.stores.conftest import REDIS_URL
+from tests.stores.conftest import handles
 
 #: Opens another handle on the same records (another process on the folder, another machine on the Redis).
 Opener = Callable[[], Awaitable[ApprovalStore]]
@@ -30,37 +28,9 @@ TTL = 900.0
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
-    closers: list[Callable[[], Awaitable[None]]] = []
-    if request.param == "memory":
-        shared = MemoryApprovalStore()
-
-        async def open_memory() -> ApprovalStore:
-            return shared
-
-        yield open_memory
-    elif request.param == "sqlite":
-        async def open_sqlite() -> ApprovalStore:
-            state = LocalState.open(tmp_path)
-            closers.append(state.aclose)
-            return SqliteApprovalStore(state.db)
-
-        yield open_sqlite
-    else:
-        prefix = f"test-approvals-{secrets.token_hex(4)}:"
-
-        async def open_redis() -> ApprovalStore:
-            client = redis.Redis.from_url(REDIS_URL)
-            try:
-                await client.ping()
-            except (OSError, redis.RedisError):
-                await client.aclose()
-                pytest.skip("no Redis at 127.0.0.1:6379")
-            closers.append(client.aclose)
-            return RedisApprovalStore(client, prefix=prefix)
-
-        yield open_redis
-    for close in closers:
-        await close()
+    async with handles(request.param, tmp_path, memory=MemoryApprovalStore, sqlite=SqliteApprovalStore,
+                       on_redis=lambda client, prefix: RedisApprovalStore(client, prefix=prefix)) as open_handle:
+        yield cast(Opener, open_handle)  # each backend makes the one store type
 
 
 def held(amount: int = 60, token: str = "tok-a", family: str = "fam-a", now: float = NOW) -> HeldCall:

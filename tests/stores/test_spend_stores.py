@@ -9,16 +9,16 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
-import redis.asyncio as redis
 
 from satgate_mcp.policy.spend import Charge, Reservation, SpendStore
 from satgate_mcp.stores.memory_spend import MemorySpendStore
 from satgate_mcp.stores.redis.spend import RedisSpendStore
 from satgate_mcp.stores.sqlite import LocalState
 from satgate_mcp.stores.sqlite.spend import SqliteSpendStore
-from tests.stores.conftest import REDIS_URL
+from tests.stores.conftest import handles
 
 MICROS = 10**6
 #: Opens another handle on the same sums (another process on the folder, another machine on the Redis).
@@ -27,37 +27,9 @@ Opener = Callable[[], Awaitable[SpendStore]]
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
-    closers: list[Callable[[], Awaitable[None]]] = []
-    if request.param == "memory":
-        shared = MemorySpendStore()
-
-        async def open_memory() -> SpendStore:
-            return shared
-
-        yield open_memory
-    elif request.param == "sqlite":
-        async def open_sqlite() -> SpendStore:
-            state = LocalState.open(tmp_path)
-            closers.append(state.aclose)
-            return SqliteSpendStore(state.db)
-
-        yield open_sqlite
-    else:
-        prefix = f"test-spend-{secrets.token_hex(4)}:"
-
-        async def open_redis() -> SpendStore:
-            client = redis.Redis.from_url(REDIS_URL)
-            try:
-                await client.ping()
-            except (OSError, redis.RedisError):
-                await client.aclose()
-                pytest.skip("no Redis at 127.0.0.1:6379")
-            closers.append(client.aclose)
-            return RedisSpendStore(client, prefix=prefix)
-
-        yield open_redis
-    for close in closers:
-        await close()
+    async with handles(request.param, tmp_path, memory=MemorySpendStore, sqlite=SqliteSpendStore,
+                       on_redis=lambda client, prefix: RedisSpendStore(client, prefix=prefix)) as open_handle:
+        yield cast(Opener, open_handle)  # each backend makes the one store type
 
 
 def charge(counter: str, amount: str, limit: str, now: float) -> Charge:
