@@ -43,6 +43,7 @@ from satgate_mcp.stores.sqlite.transactions import (
     PURGE_BATCH,
     PURGED,
     WRITE_BEHIND_SECONDS,
+    Claim,
     Maintenance,
     Queued,
     Result,
@@ -155,13 +156,25 @@ class Database:
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(connection)`` atomic and committed when it returns; one process's jobs run in order.
 
-        Cancelling the wait (a timeout) drops the job unless it has already begun."""
+        Cancelling the wait (a timeout) drops the job when it has not begun: it never runs, so the caller's store
+        fault is the truth. A job that has begun is in a transaction about to commit or roll back (it holds the
+        write lock by then): the wait goes on to its answer, which is returned, so a charge that landed is never
+        reported as a fault (no answer is lost, and no ledger is needed)."""
         if self._closed:
             raise StateError(f"{self.path} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._ask((fn, future), loop)
-        return await future
+        claim = Claim()
+        self._ask((claim.guard(fn), future), loop)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if claim.abandon():
+                future.cancel()
+                raise
+        while True:  # begun: its answer comes within moments, and it is what happened
+            with contextlib.suppress(asyncio.CancelledError):
+                return await asyncio.shield(future)
 
     def submit(self, fn: Callable[[sqlite3.Connection], object]) -> None:
         """Write behind: after every job already asked for; a failure is logged."""

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 _log = structlog.get_logger("satgate_mcp.state")
+T = TypeVar("T")
 
 
 class StateError(Exception):
@@ -83,6 +85,44 @@ PURGED = (("budgets", "key"), ("duplicates", "key"), ("tombstones", "session_id"
           ("spend_holds", "key"), ("approvals", "id"))
 #: SQLite's primary result codes for "another connection holds the lock".
 BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+
+
+class Abandoned(Exception):
+    """A job whose caller gave up before it began: it does nothing (its savepoint undoes nothing)."""
+
+
+class Claim:
+    """Who has a job first: the transaction that begins it, or its caller giving up on it (a timeout). Taken under a
+    lock, since the worker thread begins jobs while the loop's caller may give up."""
+
+    __slots__ = ("_lock", "_state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = 0  # 0 waiting, 1 begun, 2 abandoned
+
+    def begin(self) -> bool:
+        """The job may run: it was not abandoned (a rerun under savepoints begins it again)."""
+        with self._lock:
+            if self._state == 2:
+                return False
+            self._state = 1
+            return True
+
+    def abandon(self) -> bool:
+        """The caller gives up: True when the job had not begun (it never will)."""
+        with self._lock:
+            if self._state == 1:
+                return False
+            self._state = 2
+            return True
+
+    def guard(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        def claimed(conn: sqlite3.Connection) -> T:
+            if not self.begin():
+                raise Abandoned()
+            return fn(conn)
+        return claimed
 
 
 class Maintenance:
