@@ -87,7 +87,10 @@ class AuditFile:
             return False
         self._pending.append(record)
         if self._scheduled is None:
-            self._scheduled = asyncio.get_running_loop().call_later(GATHER_SECONDS, self.flush)
+            try:
+                self._scheduled = asyncio.get_running_loop().call_later(GATHER_SECONDS, self.flush)
+            except RuntimeError:  # no loop runs here (a shutdown hook, a thread): written now
+                self.flush()
         return True
 
     def flush(self) -> None:
