@@ -51,10 +51,12 @@ async def test_a_timeout_after_the_charge_began_returns_its_answer(tmp_path: Pat
         return "charged"
 
     other = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")  # sends the job to the worker thread, where it can be caught mid-way
-    job = asyncio.create_task(state.db.run(slow_charge))
-    while not state.db._on_worker:  # the loop's try met the lock: the job went to the worker (one turn or two)
-        await asyncio.sleep(0)
+    other.execute("BEGIN IMMEDIATE")  # the loop's try meets the lock: jobs go to the worker thread
+    with pytest.raises(TimeoutError):  # a first job waits there for the lock (and is dropped: it never began)
+        async with asyncio.timeout(0.1):
+            await state.db.run(lambda conn: None)
+    job = asyncio.create_task(state.db.run(slow_charge))  # follows it to the worker, where it can be caught mid-way
+    await asyncio.sleep(0)
     other.execute("COMMIT")
     other.close()
     await asyncio.to_thread(begun.wait, 5)
