@@ -2,7 +2,8 @@
 
 A record is one key (its JSON, kept until its grace past expiry ends); a fingerprint key names the record the
 identical call is bound to; a sorted set per delegation family holds its pending ids (score: their expiry), so
-the queue bound is one ``ZCOUNT``; a sorted set of every id (score: creation) is the listing. Each operation
+the queue bound is one ``ZCOUNT``; a sorted set of every id (score: when its record goes) is the listing, trimmed
+of the gone ones at each new hold, so it never outgrows the records. Each operation
 reads under ``WATCH`` and writes in one ``MULTI``: a concurrent write to what it read makes it read again, so
 two machines consuming one approval, or two operators deciding one, cannot both win.
 """
@@ -104,13 +105,14 @@ class RedisApprovalStore:
             outcome, keep = repeat(current, request, now, pending, per_family)
             pipe.multi()  # type: ignore[no-untyped-call]
             pipe.zremrangebyscore(family, "-inf", now)
+            pipe.zremrangebyscore(self._all_key, "-inf", now)  # ids whose records have gone
             if current is not None and keep is None:
                 self._write(pipe, outcome.record if outcome.found == "approved" and outcome.record else current, now)
                 pipe.delete(bound_key)
             if keep is not None:
                 self._write(pipe, keep, now)
                 pipe.set(bound_key, keep.id, px=_ms_until(kept_until(keep), now))
-                pipe.zadd(self._all_key, {keep.id: keep.created_at})
+                pipe.zadd(self._all_key, {keep.id: kept_until(keep)})
             await pipe.execute()
             return outcome
 
