@@ -31,7 +31,7 @@ from satgate_mcp.upstream.identity import RevocationCheck, UpstreamAuth, refresh
 from satgate_mcp.upstream.isolated import IsolatedUpstream
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey
 from satgate_mcp.upstream.token_client import TokenClient
-from satgate_mcp.upstream_auth_spec import per_caller
+from satgate_mcp.upstream_auth_spec import OAuthUserSpec, per_caller
 
 #: The credential headers of the call running in this context. A holder emptied when the call ends: a task the
 #: call started (a listen stream) copies the holder, not the headers, and falls back to the connection's own.
@@ -206,6 +206,8 @@ class AuthorizedHttpUpstream(HttpUpstream):
 def upstream_auth(name: str, spec: HttpUpstreamSpec, identity_key: SigningKey | None,
                   session: Callable[[], aiohttp.ClientSession]) -> UpstreamAuth:
     assert spec.auth is not None
+    if isinstance(spec.auth, OAuthUserSpec):
+        raise NotImplementedError("oauth_user upstreams")
     client = TokenClient(name, spec.auth, timeout=spec.timeout, session=session)
     return UpstreamAuth(name, spec.auth, client, identity_key=identity_key, audience=spec.url)
 
