@@ -29,9 +29,11 @@ from satgate_mcp.auth.factory import authenticator_from_settings
 from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.keys import STORES, USER_GRANTS
+from satgate_mcp.keys import POOL, STORES, USER_GRANTS
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.memory import MemoryRevocationStore
+from satgate_mcp.upstream.authorized import AuthorizedIsolated
+from satgate_mcp.upstream.pool import UpstreamPool
 from satgate_mcp.upstream.user_grants import UserGrants
 from tests.answers import decode_answer
 from tests.fakes import AllowAllPolicy
@@ -247,3 +249,59 @@ async def test_a_tampered_or_moved_ciphertext_is_refused_and_the_user_asked_agai
         assert (await fresh.call(token, await fresh.session(token)))["error"]["code"] == -32042
     assert idp.authorizations.grants["refresh_token"] == 0  # neither sealed token left the gateway
     assert await store.listing() == []  # both unreadable grants were forgotten
+
+
+async def test_an_ageing_access_token_is_refreshed_and_the_rotated_refresh_token_kept(start: StartGateway,
+                                                                                      idp: AuthServer) -> None:
+    gw = await start()
+    store = gw.http.app[STORES].grants
+    idp.tokens.ttl = 1  # every access token is within the refresh margin at once: each call refreshes
+    alice = mint_token(ROOT_KEY, "alice")
+    session = await gw.session(alice)
+    idp.authorizations.user = "alice@files"
+    assert (await browse(await gw.authorization_url(alice, session)))[0] == 200
+    first = (await store.listing())[0]
+    assert await gw.text(alice, session, request_id=6) == "alice@files"
+    second = (await store.listing())[0]
+    assert second.grant_id == first.grant_id
+    assert second.sealed != first.sealed  # the rotated refresh token, sealed anew
+    assert await gw.text(alice, session, request_id=7) == "alice@files"  # the rotated one works; the old is dead
+    assert idp.authorizations.grants["refresh_token"] >= 2  # each one with the refresh token the last one gave
+    assert len(idp.authorizations.refresh_tokens) == 1  # rotated: only the newest is alive at the server
+
+
+async def test_a_grant_the_server_revoked_is_forgotten_and_the_user_asked_again(start: StartGateway,
+                                                                               idp: AuthServer) -> None:
+    gw = await start()
+    idp.tokens.ttl = 1
+    alice = mint_token(ROOT_KEY, "alice")
+    session = await gw.session(alice)
+    idp.authorizations.user = "alice@files"
+    assert (await browse(await gw.authorization_url(alice, session)))[0] == 200
+    idp.authorizations.revoke("alice@files")  # the user revoked the gateway's access at the upstream's server
+    again = await gw.call(alice, session, request_id=6)
+    assert again["error"]["code"] == -32042
+    assert "refresh" not in json.dumps(again)
+    assert await gw.http.app[STORES].grants.listing() == []
+
+
+async def test_a_revoked_gateway_tokens_grant_is_not_used_again(start: StartGateway, idp: AuthServer) -> None:
+    gw = await start()
+    alice = mint_token(ROOT_KEY, "alice")
+    session = await gw.session(alice)
+    idp.authorizations.user = "alice@files"
+    assert (await browse(await gw.authorization_url(alice, session)))[0] == 200
+    assert await gw.text(alice, session, request_id=6) == "alice@files"
+    await gw.revoked.revoke("alice")
+    status, _ = await gw.post(alice, jsonrpc.request_message(7, "tools/call", {"name": "whoami", "arguments": {}}),
+                              session)
+    assert status in (401, 403)  # a revoked macaroon is refused before anything else (header mode says 403)
+    assert await gw.http.app[STORES].grants.revoke("alice") == 1  # what `token revoke alice` does to the store
+    files = gw.http.app[POOL]
+    assert isinstance(files, UpstreamPool)
+    isolated = files.isolated("files")
+    assert isinstance(isolated, AuthorizedIsolated)
+    isolated.sweep()
+    await isolated.revocations_swept()
+    assert len(isolated.auth.cache) == 1  # only the gateway's own token: alice's access token is gone too
+    assert idp.authorizations.grants == {"authorization_code": 1}
