@@ -38,7 +38,7 @@ class Browser:
         self.opened: list[str] = []
         self.pages: list[int] = []
 
-    async def elicit(self, ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    async def elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         assert isinstance(params, types.ElicitRequestURLParams)
         self.opened.append(params.url)
         async with httpx2.AsyncClient(follow_redirects=True, trust_env=False) as browser:
