@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -22,7 +25,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from satgate_mcp.auth.macaroons import mint_token
-from tests.integration.test_upstream_user_grants import ROOT_KEY, StartGateway, idp, start, upstream
+from tests.integration.test_upstream_identity import UPSTREAM_AUDIENCE, IdentityUpstream
+from tests.integration.test_upstream_user_grants import ROOT_KEY, StartGateway, idp, start, upstream, user_spec
 from tests.oauth_server import AuthServer
 
 pytestmark = pytest.mark.process
@@ -96,3 +100,31 @@ async def test_a_2026_client_gets_the_url_as_an_input_required_round(start: Star
             await stack.enter_async_context(client)
             assert text_of(await client.call_tool("whoami", {})) == "carol@files"
     assert browser.pages == [200]
+
+
+async def test_the_callback_may_land_on_another_gateway_process(start: StartGateway, idp: AuthServer,
+                                                                upstream: IdentityUpstream, tmp_path: Path) -> None:
+    """Two gateways on one state folder (two processes behind one address): the call waits on the first, the user's
+    browser comes back to the second, which finishes the authorization; the first finds the grant and goes on."""
+    spec = {"transport": "http", "url": upstream.url, "timeout": 5,
+            "auth": user_spec(authorization_server=idp.issuer, resource=UPSTREAM_AUDIENCE)}
+    overrides = {"state_dir": str(tmp_path), "upstreams": json.dumps({"files": spec})}
+    first, second = await start(**overrides), await start(**overrides)
+    second_origin = str(second.http.make_url("")).rstrip("/")
+
+    class ElsewhereBrowser(Browser):
+        async def elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            assert isinstance(params, types.ElicitRequestURLParams)
+            async with httpx2.AsyncClient(trust_env=False) as browser:
+                back = (await browser.get(params.url)).headers["Location"]  # the server sends the user back
+                parts = urlsplit(back)
+                page = await browser.get(second_origin + parts.path + "?" + parts.query)  # ... to the other one
+            self.pages.append(page.status_code)
+            return types.ElicitResult(action="accept")
+
+    browser = ElsewhereBrowser()
+    idp.authorizations.user = "dana@files"
+    async with session(str(first.http.make_url("")).rstrip("/"), mint_token(ROOT_KEY, "dana"), browser) as client:
+        assert text_of(await asyncio.wait_for(client.call_tool("whoami", {}), TIMEOUT)) == "dana@files"
+    assert browser.pages == [200]
+    assert idp.metadata_fetches[idp.rfc8414_path] >= 1  # the configured issuer's metadata named the endpoints
