@@ -210,7 +210,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
 
 
 def upstream_auth(name: str, spec: HttpUpstreamSpec, identity: UpstreamIdentity,
-                  session: Callable[[], aiohttp.ClientSession]) -> UpstreamAuth:
+                  session: Callable[[], aiohttp.ClientSession], publisher: Publisher | None = None) -> UpstreamAuth:
     assert spec.auth is not None
     client = TokenClient(name, spec.auth, timeout=spec.timeout, session=session)
     user = None
@@ -219,7 +219,7 @@ def upstream_auth(name: str, spec: HttpUpstreamSpec, identity: UpstreamIdentity,
         assert identity.credential_keys
         user = identity.user_grants[name] = UserGrants(
             name, spec.auth, spec.url, client, identity.grants, CredentialBox(identity.credential_keys),
-            timeout=spec.timeout, session=session, store_timeout=identity.store_timeout)
+            timeout=spec.timeout, session=session, store_timeout=identity.store_timeout, publisher=publisher)
     return UpstreamAuth(name, spec.auth, client, identity_key=identity.identity_key, audience=spec.url, user=user)
 
 
@@ -289,7 +289,7 @@ def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity: UpstreamIden
                     ) -> AuthorizedHttpUpstream | AuthorizedIsolated:
     """The connection(s) for an upstream with ``"auth"``: one shared, or one per caller under a catalogue."""
     sessions = TokenSession()
-    auth = upstream_auth(name, spec, identity, sessions)
+    auth = upstream_auth(name, spec, identity, sessions, publisher)
 
     def connection(owner: CallerCredential | None, callers: bool, owns: TokenSession | None = None
                    ) -> AuthorizedHttpUpstream:

@@ -28,7 +28,9 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import structlog
 
+from satgate_mcp import events
 from satgate_mcp.errors import GatewayError, UpstreamAuthFailed, store_unavailable
+from satgate_mcp.events import Publisher
 from satgate_mcp.policy.upstream_grants import (
     STATE_TTL_SECONDS,
     GrantStore,
@@ -117,8 +119,10 @@ class UserGrants:
 
     def __init__(self, name: str, spec: OAuthUserSpec, upstream_url: str, client: TokenClient, store: GrantStore,
                  box: CredentialBox, *, timeout: float, session: Callable[[], aiohttp.ClientSession],
-                 store_timeout: float | None = None, clock: Callable[[], float] = time.time) -> None:
+                 store_timeout: float | None = None, clock: Callable[[], float] = time.time,
+                 publisher: Publisher | None = None) -> None:
         self.name = name
+        self._publisher = publisher
         self.spec = spec
         self._url = upstream_url
         self.client = client
@@ -134,6 +138,13 @@ class UserGrants:
         self.on_granted: Callable[[str, str, IssuedToken], None] | None = None
         #: Calls of this process waiting for an owner's authorization, woken when its callback lands here.
         self._landed: dict[str, tuple[asyncio.Event, int]] = {}
+
+    def _published(self, outcome: str, subject: str | None, **fields: str | None) -> None:
+        if self._publisher is not None:
+            self._publisher.publish(events.UPSTREAM_AUTHORIZATION, upstream=self.name, subject=subject,
+                                    outcome=outcome, **fields)
+        else:
+            log.info(events.UPSTREAM_AUTHORIZATION, upstream=self.name, subject=subject, outcome=outcome, **fields)
 
     async def endpoints(self) -> Endpoints:
         """Found once (configured, or discovered); a failed discovery is tried again by the next call."""
@@ -171,7 +182,7 @@ class UserGrants:
                                "complete one, or try again once they expire",
                                {"error": "upstream_authorization_pending", "upstream": self.name}, code=-32001)
         url = authorize_url(endpoints, self.spec, redirect_uri=redirect_uri, state=state, challenge=challenge)
-        log.info("upstream_authorization_started", upstream=self.name, owner=owner)
+        self._published("started", owner)
         return Started(url, elicitation_id(state))
 
     async def finish(self, state: str, code: str | None, error: str | None) -> str:
@@ -179,7 +190,7 @@ class UserGrants:
         pending = await self._bounded(self.store.take(state, self._clock()))
         refusal = callback_refusal(pending, self.name, self._clock())
         if refusal is not None or pending is None:
-            log.info("upstream_authorization_refused", upstream=self.name, reason=refusal)
+            self._published("refused", pending.owner if pending is not None else None, reason=refusal)
             raise CallbackRefused(REFUSALS[refusal or "unknown"])
         if error is not None or not code:
             raise CallbackRefused("The authorization was not granted. Ask your agent to try again if you want to.")
@@ -204,7 +215,7 @@ class UserGrants:
             self.on_granted(pending.owner, grant.grant_id, issued)
         if (waiting := self._landed.get(pending.owner)) is not None:
             waiting[0].set()
-        log.info("upstream_authorization_granted", upstream=self.name, owner=pending.owner)
+        self._published("granted", pending.owner)
         return pending.owner
 
     def _seal(self, issued: IssuedToken, owner: str) -> str:
@@ -226,7 +237,7 @@ class UserGrants:
         try:
             refresh = self._box.open(grant.sealed, purpose="refresh_token", owner=grant.owner, upstream=self.name)
         except Unreadable as exc:
-            log.warning("upstream_grant_unreadable", upstream=self.name, owner=grant.owner, why=str(exc))
+            self._published("forgotten", grant.owner, reason=f"unreadable: {exc}")
             await self._bounded(self.store.drop(grant.owner, self.name, grant.grant_id))
             raise AuthorizationNeeded(self.name) from None
         endpoints = await self.endpoints()
@@ -235,7 +246,7 @@ class UserGrants:
         except UpstreamAuthFailed as exc:
             if exc.oauth_error != "invalid_grant":
                 raise
-            log.info("upstream_grant_refused", upstream=self.name, owner=grant.owner)
+            self._published("forgotten", grant.owner, reason="refused by the authorization server")
             await self._bounded(self.store.drop(grant.owner, self.name, grant.grant_id))
             raise AuthorizationNeeded(self.name) from None
         if issued.refresh_token is not None and issued.refresh_token != refresh:

@@ -59,6 +59,7 @@ ACCEPT = "application/json, text/event-stream"
 class Gateway:
     http: TestClient[web.Request, web.Application]
     revoked: MemoryRevocationStore
+    published: RecordingPublisher
 
     def grants(self, upstream: str = "files") -> UserGrants:
         return self.http.app[USER_GRANTS][upstream]
@@ -127,9 +128,9 @@ def start(aiohttp_client: AiohttpClient, idp: AuthServer, upstream: IdentityUpst
         settings = Settings(**values)
         revoked = MemoryRevocationStore()
         authenticator = authenticator_from_settings(settings, revocations=revoked)
-        app = create_app(settings, authenticator=authenticator, policy=AllowAllPolicy(),
-                         publisher=RecordingPublisher())
-        gateway = Gateway(await aiohttp_client(app), revoked)
+        published = RecordingPublisher()
+        app = create_app(settings, authenticator=authenticator, policy=AllowAllPolicy(), publisher=published)
+        gateway = Gateway(await aiohttp_client(app), revoked, published)
         gateway._last_session = None
         return gateway
 
@@ -188,6 +189,9 @@ async def test_a_replayed_callback_state_is_refused(start: StartGateway, idp: Au
     assert status == 400
     assert "already used" in page
     assert idp.authorizations.grants == {"authorization_code": 1}  # the replay reached nothing
+    said = [(e["outcome"], e["subject"], e.get("reason")) for e in gw.published.named("upstream_authorization")]
+    assert said == [("started", "alice", None), ("granted", "alice", None), ("refused", "alice", "unknown")]
+    assert state_of(url) not in json.dumps(gw.published.events)
 
 
 async def test_a_foreign_or_forged_state_is_refused_and_grants_nothing(start: StartGateway, idp: AuthServer) -> None:
