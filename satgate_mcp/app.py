@@ -45,6 +45,7 @@ from satgate_mcp.keys import (
     STORE_PROBE,
     STORES,
     TOMBSTONES,
+    USER_GRANTS,
 )
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.policy.approval_webhook import ApprovalWebhook
@@ -61,7 +62,7 @@ from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import Stores, open_stores
 from satgate_mcp.stores.audit_file import AuditFile
-from satgate_mcp.transport import health, jwks, oauth
+from satgate_mcp.transport import health, jwks, oauth, oauth_callback
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.listen import Listeners, fan_out
@@ -75,6 +76,7 @@ from satgate_mcp.transport.session_stream import StandaloneStream, StreamHub
 from satgate_mcp.transport.sse import LegacySseTransport
 from satgate_mcp.transport.stateless_endpoint import StatelessEndpoint
 from satgate_mcp.transport.trace_middleware import tracing_middleware
+from satgate_mcp.upstream.identity import UpstreamIdentity
 from satgate_mcp.upstream.pool import UpstreamPool
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -188,8 +190,7 @@ def create_app(
         built = CallPolicy.from_settings(settings, publisher=publisher, metrics=metrics, stores=stores)
         app.cleanup_ctx.append(_closing(built.close))
         policy = built
-    app[POOL] = pool or _pool(settings, publisher, metrics, clock,
-                              getattr(authenticator, "revocations", stores.revocations))
+    app[POOL] = pool or _pool(app, publisher, clock, getattr(authenticator, "revocations", stores.revocations))
     pins = _pinned_upstreams(app, stores, publisher, metrics)
     registry = app[REGISTRY] = SessionRegistry(
         cap=settings.session_cap, idle_ttl=settings.session_idle_ttl,
@@ -215,13 +216,24 @@ def create_app(
     return app
 
 
-def _pool(settings: Settings, publisher: Publisher, metrics: Metrics, clock: Callable[[], float],
+def _upstream_identity(settings: Settings, stores: Stores, revocations: RevocationStore) -> UpstreamIdentity:
+    """What upstreams with ``"auth"`` need; the revocations the authenticator checks also drop a revoked caller's
+    upstream tokens."""
+    return UpstreamIdentity(identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked,
+                            grants=stores.grants, credential_keys=tuple(settings.credential_key_list),
+                            public_base=settings.public_base(settings.auth_mode, settings.oauth_audience),
+                            store_timeout=stores.timeout)
+
+
+def _pool(app: web.Application, publisher: Publisher, clock: Callable[[], float],
           revocations: RevocationStore) -> UpstreamPool:
-    """The upstreams from settings; the revocations the authenticator checks also drop a revoked caller's upstream
-    tokens."""
-    return UpstreamPool(settings.upstreams, publisher=publisher, metrics=metrics, idle_ttl=settings.session_idle_ttl,
-                        sweep_interval=settings.sweep_interval, clock=clock,
-                        identity_key=settings.identity_signing_key, is_revoked=revocations.is_revoked)
+    """The upstreams from settings; each "oauth_user" upstream's grants are kept for the callback route."""
+    settings = app[SETTINGS]
+    identity = _upstream_identity(settings, app[STORES], revocations)
+    app[USER_GRANTS] = identity.user_grants
+    return UpstreamPool(settings.upstreams, publisher=publisher, metrics=app[METRICS],
+                        idle_ttl=settings.session_idle_ttl, sweep_interval=settings.sweep_interval, clock=clock,
+                        identity=identity)
 
 
 def _audit(app: web.Application, publisher: Publisher) -> tuple[Auditor | None, Publisher]:
@@ -310,6 +322,8 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     health.add_routes(app)
     if (identity_key := settings.identity_signing_key) is not None:
         jwks.add_routes(app, identity_key)  # upstreams verify the identity the gateway forwards with it
+    if user_grants := app.get(USER_GRANTS):
+        oauth_callback.add_routes(app, user_grants)  # users come back here from authorizing an upstream
     if settings.oauth_resource_metadata_url:
         oauth.add_routes(app, settings.oauth_resource_metadata_url, settings.oauth_authorization_servers,
                          scopes=settings.oauth_tool_scopes.values())

@@ -22,7 +22,7 @@ import structlog
 from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from satgate_mcp import __version__, audit_cli, cli_approvals, cli_controls, cli_tools, policy_cli
+from satgate_mcp import __version__, audit_cli, cli_approvals, cli_controls, cli_credentials, cli_tools, policy_cli
 from satgate_mcp.auth.base import TokenError
 from satgate_mcp.auth.macaroons import add_caveats, inspect_token, mint_token, verify_token
 from satgate_mcp.auth.revocation import check_token_id, revocation_folder_problem, warn_missing_revocation_folder
@@ -37,7 +37,7 @@ from satgate_mcp.settings import (
     StdioUpstreamSpec,
     unknown_variables,
 )
-from satgate_mcp.stores import cli_revocations, no_cli_revocations_reason
+from satgate_mcp.stores import cli_grants, cli_revocations, no_cli_revocations_reason
 from satgate_mcp.upstream.wire import child_env, command_problem
 
 PROG = "satgate-mcp"
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_cli.add_parser(commands)
     cli_tools.add_parser(commands)
     cli_approvals.add_parser(commands)
+    cli_credentials.add_parser(commands)
     audit_cli.add_parser(commands)
     return parser
 
@@ -321,13 +322,21 @@ def cmd_inspect(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
     return ExitCode.FAILED if info["verified"] is False or info["revoked"] else ExitCode.OK
 
 
-async def _revoke(settings: TokenSettings, token_id: str) -> None:
+async def _revoke(settings: TokenSettings, token_id: str) -> int:
+    """Revoke ``token_id``, and forget the upstream grants its users gave (where the daemons keep them); how many."""
     store = cli_revocations(settings)  # the file and/or Redis, else the state folder's database
     assert store is not None
     try:
         await store.revoke(token_id)
     finally:
         await store.aclose()
+    grants = cli_grants(settings)
+    if isinstance(grants, str):  # kept in each daemon's memory: unreachable, and the token is refused anyway
+        return 0
+    try:
+        return await grants.revoke(token_id)
+    finally:
+        await grants.close()
 
 
 def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
@@ -338,10 +347,10 @@ def cmd_revoke(args: argparse.Namespace, settings: TokenSettings) -> ExitCode:
     if problem := no_cli_revocations_reason(settings) or revocation_folder_problem(settings.revocation_file):
         return _fail(problem)
     try:
-        asyncio.run(_revoke(settings, token_id))
+        dropped = asyncio.run(_revoke(settings, token_id))
     except Exception as exc:  # OSError, a Redis error: say what, no traceback
         return _fail(f"could not revoke {token_id}: {type(exc).__name__}: {exc}", ExitCode.FAILED)
-    print(f"revoked {token_id}")
+    print(f"revoked {token_id}" + (f" and forgot its {dropped} upstream grant(s)" if dropped else ""))
     return ExitCode.OK
 
 
@@ -355,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_tools.main(args)
     if args.command == "approvals":
         return cli_approvals.main(args)
+    if args.command == "credentials":
+        return cli_credentials.main(args)
     if args.command == "audit":
         return audit_cli.run(args)
     if args.token_command == "narrow":  # the holder's command: reads no settings at all

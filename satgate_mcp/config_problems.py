@@ -72,6 +72,8 @@ SETTING_EXAMPLES: dict[str, str] = {
     "state_dir": "/var/lib/satgate-mcp",
     "log_format": "json",
     "identity_key": "/etc/satgate-mcp/identity-ed25519.pem",
+    "public_url": "https://gateway.example.com",
+    "credential_key": "<64 hex characters: python3 -c 'import secrets; print(secrets.token_hex(32))'>",
 }
 
 #: Per upstream spec field: what it must be, and a working ``"field": value`` pair.
@@ -90,7 +92,7 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "headers": ("a JSON object of strings (HTTP headers sent upstream)", '"headers": {"Authorization": "Bearer ..."}'),
     "breaker": ('a JSON object with "failures", "backoff", "max_backoff", "jitter"',
                 '"breaker": {"failures": 5, "backoff": 1, "max_backoff": 60}'),
-    "auth": ('a JSON object with "type": "token_exchange" or "client_credentials"',
+    "auth": ('a JSON object with "type": "token_exchange", "client_credentials" or "oauth_user"',
              '"auth": {"type": "client_credentials", "token_endpoint": "https://idp.example.com/token", '
              '"client_id": "gateway", "client_secret_env": "GATEWAY_CLIENT_SECRET"}'),
 }

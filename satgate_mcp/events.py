@@ -51,6 +51,10 @@ APPROVAL_DECIDED: Final = "approval_decided"
 APPROVAL_USED: Final = "approval_used"
 #: A call asked its user for confirmation (``answer``: accepted, declined or unavailable).
 CONFIRMATION: Final = "confirmation"
+#: A user's grant to an "oauth_user" upstream (``upstream``, ``subject``): ``outcome`` started (asked to authorize),
+#: granted (the callback kept it), refused (a callback that may not complete: ``reason``), forgotten (the server
+#: refused it, or it no longer opens). Never a code, state or token.
+UPSTREAM_AUTHORIZATION: Final = "upstream_authorization"
 
 
 class Publisher(Protocol):

@@ -75,6 +75,8 @@ RATE_LIMITED = -32004
 REQUEST_CANCELLED = -32800
 #: 2026-07-28: the call needs a client capability the client did not declare (``data.requiredCapabilities``).
 MISSING_CLIENT_CAPABILITY = -32021
+#: 2025-11-25: the request needs URL-mode elicitations completed first (``data.elicitations``).
+URL_ELICITATION_REQUIRED = -32042
 
 
 @dataclass(frozen=True, slots=True)

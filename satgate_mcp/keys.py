@@ -18,6 +18,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.stores import StoreProbe, Stores
 from satgate_mcp.stores.audit_file import AuditFile
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
+from satgate_mcp.upstream.user_grants import UserGrants
 
 SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", SessionRegistry)
@@ -29,6 +30,8 @@ INFLIGHT = web.AppKey("inflight", InflightLimiter)
 RESUMES_SESSIONS = web.AppKey("resumes_sessions", bool)
 #: Every store of this process (``open_stores``); the app opened them and closes them last.
 STORES = web.AppKey("stores", Stores)
+#: Each "oauth_user" upstream's users' grants, by upstream: /oauth/callback/<upstream> finishes authorizations there.
+USER_GRANTS = web.AppKey("user_grants", dict[str, UserGrants])
 #: Present with SATGATE_POLICY_FILE: the file every process re-reads when it changes.
 POLICY_FILE = web.AppKey("policy_file", PolicyFile)
 #: Approval holds and confirmations: the console's decisions wake the calls this process keeps waiting.

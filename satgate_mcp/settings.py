@@ -262,7 +262,10 @@ class Settings(GovernanceSettings, IdentitySettings, ConsoleSettings):
         if self.auth_mode == "oauth":
             self._oauth_requirements()
         auths = {n: s.auth for n, s in self.upstreams.items() if isinstance(s, HttpUpstreamSpec)}
-        if problem := upstream_auth_problem(self.auth_mode, self.identity_key is not None, auths):
+        if problem := upstream_auth_problem(
+                self.auth_mode, self.identity_key is not None, auths,
+                credential_key_set=self.credential_key is not None,
+                public_url_known=self.public_url_known(self.auth_mode, self.oauth_audience, self.host)):
             raise ValueError(problem)
         return self
 

@@ -1,9 +1,10 @@
 """An HTTP upstream's ``"auth"``: how the gateway, as an OAuth client, gets the credential it sends upstream.
 
 A union on ``"type"`` so each mode is its own model: ``token_exchange`` (RFC 8693: the caller's own access
-token exchanged for one addressed to the upstream) and ``client_credentials`` (RFC 6749 section 4.4: the
-gateway's own token, the caller optionally named in a signed JWT beside it). A third type slots in as one
-more model in ``UpstreamAuthSpec``.
+token exchanged for one addressed to the upstream), ``client_credentials`` (RFC 6749 section 4.4: the
+gateway's own token, the caller optionally named in a signed JWT beside it) and ``oauth_user`` (the end user's
+own grant, asked for once through a URL-mode elicitation: authorization code with PKCE, kept as an encrypted
+refresh token).
 
 Secrets are never written in ``SATGATE_UPSTREAMS`` (it is logged, shown in ``ps`` and copied around): the spec
 names the environment variable that holds them, and start-up refuses a spec whose variable is unset.
@@ -45,12 +46,21 @@ def inline_secret_problem(value: Any) -> str | None:
     return None
 
 
-class _GrantSpec(BaseModel):
-    """What every grant at a token endpoint needs: where, who the gateway is there, what the token is for."""
+def _checked_endpoint(value: str, why: str) -> str:
+    """The URL as used, or ValueError: absolute http(s), and https unless on loopback (``why`` says what travels)."""
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s#]*)?", value.strip()):
+        raise ValueError("must be an absolute http(s) URL")
+    problem = secure_url_problem(value)
+    if problem:
+        raise ValueError(f"{problem}: {why}")
+    return value.strip()
+
+
+class _ClientSpec(BaseModel):
+    """Who the gateway is at an authorization server: its client id and how it proves it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    token_endpoint: str
     client_id: str = Field(min_length=1, max_length=512)
     #: How the gateway proves it is ``client_id``: a shared secret (HTTP Basic) or a JWT signed with its key.
     client_auth: ClientAuth = "client_secret_basic"
@@ -60,10 +70,6 @@ class _GrantSpec(BaseModel):
     private_key_env: str | None = None
     #: The ``kid`` put on client assertions, when the authorization server wants one.
     key_id: str | None = None
-    #: RFC 8693 ``audience`` and RFC 8707 ``resource`` of the token asked for: the upstream.
-    audience: str | None = None
-    resource: str | None = None
-    scope: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -72,16 +78,6 @@ class _GrantSpec(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
-
-    @field_validator("token_endpoint")
-    @classmethod
-    def _endpoint(cls, value: str) -> str:
-        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s#]*)?", value.strip()):
-            raise ValueError("must be an absolute http(s) URL")
-        problem = secure_url_problem(value)
-        if problem:
-            raise ValueError(f"{problem}: the client's secret travels to it")
-        return value.strip()
 
     @field_validator("client_secret_env", "private_key_env")
     @classmethod
@@ -93,15 +89,8 @@ class _GrantSpec(BaseModel):
                              "serve): use another name, e.g. FILES_CLIENT_SECRET")
         return value
 
-    @field_validator("scope")
-    @classmethod
-    def _scope(cls, value: str | None) -> str | None:
-        if value is not None and not _SCOPE.fullmatch(value):
-            raise ValueError("must be RFC 6749 scope tokens separated by single spaces")
-        return value
-
     @model_validator(mode="after")
-    def _credential_variable(self) -> _GrantSpec:
+    def _credential_variable(self) -> _ClientSpec:
         """The variable the chosen client authentication reads must be named and set now, not at the first call."""
         needed = "client_secret_env" if self.client_auth == "client_secret_basic" else "private_key_env"
         variable = getattr(self, needed)
@@ -119,6 +108,32 @@ class _GrantSpec(BaseModel):
         return found
 
 
+def _scope_problem(value: str | None) -> str | None:
+    if value is not None and not _SCOPE.fullmatch(value):
+        raise ValueError("must be RFC 6749 scope tokens separated by single spaces")
+    return value
+
+
+class _GrantSpec(_ClientSpec):
+    """What every grant at a token endpoint needs: where, who the gateway is there, what the token is for."""
+
+    token_endpoint: str
+    #: RFC 8693 ``audience`` and RFC 8707 ``resource`` of the token asked for: the upstream.
+    audience: str | None = None
+    resource: str | None = None
+    scope: str | None = None
+
+    @field_validator("token_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        return _checked_endpoint(value, "the client's secret travels to it")
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, value: str | None) -> str | None:
+        return _scope_problem(value)
+
+
 class TokenExchangeSpec(_GrantSpec):
     """RFC 8693: the caller's verified access token becomes the ``subject_token`` (oauth mode only)."""
 
@@ -132,20 +147,75 @@ class ClientCredentialsSpec(_GrantSpec):
     forward_identity: bool = False
 
 
-UpstreamAuthSpec = Annotated[TokenExchangeSpec | ClientCredentialsSpec, Field(discriminator="type")]
+class OAuthUserSpec(_ClientSpec):
+    """The end user's own grant (authorization code with PKCE and RFC 8707 ``resource``), asked for once per caller.
+
+    The authorization server's endpoints are found from the upstream's RFC 9728 resource metadata when nothing
+    is configured, from ``authorization_server``'s RFC 8414 metadata when only that is, or used as written. The
+    gateway's own requests (tool listings) use the client credentials grant at the same token endpoint.
+    """
+
+    type: Literal["oauth_user"]
+    #: The issuer whose metadata names the endpoints (instead of the upstream's resource metadata).
+    authorization_server: str | None = None
+    authorization_endpoint: str | None = None
+    token_endpoint: str | None = None
+    #: RFC 8707 resource indicator: default the resource metadata's ``resource``, else the upstream's URL.
+    resource: str | None = None
+    scope: str | None = None
+
+    @field_validator("authorization_server", "authorization_endpoint", "token_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else _checked_endpoint(value, "the user's grant travels through it")
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, value: str | None) -> str | None:
+        return _scope_problem(value)
+
+    @model_validator(mode="after")
+    def _endpoints_together(self) -> OAuthUserSpec:
+        if (self.authorization_endpoint is None) != (self.token_endpoint is None):
+            raise ValueError('"authorization_endpoint" and "token_endpoint" go together (or set neither, and they '
+                             'are found from "authorization_server" or the upstream\'s resource metadata)')
+        return self
 
 
-def per_caller(auth: TokenExchangeSpec | ClientCredentialsSpec | None) -> bool:
+AuthSpec = TokenExchangeSpec | ClientCredentialsSpec | OAuthUserSpec
+UpstreamAuthSpec = Annotated[AuthSpec, Field(discriminator="type")]
+
+
+def per_caller(auth: AuthSpec | None) -> bool:
     """Whether what goes upstream differs per caller: then no upstream session is shared between identities."""
-    if isinstance(auth, TokenExchangeSpec):
+    if isinstance(auth, TokenExchangeSpec | OAuthUserSpec):
         return True
     return isinstance(auth, ClientCredentialsSpec) and auth.forward_identity
 
 
-def upstream_auth_problem(auth_mode: str, identity_key_set: bool,
-                          auths: Mapping[str, TokenExchangeSpec | ClientCredentialsSpec | None]) -> str | None:
+def oauth_user_problem(name: str, auth_mode: str, credential_key_set: bool, public_url_known: bool) -> str | None:
+    """Why an ``oauth_user`` upstream cannot be served: a caller must be known, grants kept encrypted, and the
+    authorization server must be able to send the user's browser back to the gateway."""
+    head = f'SATGATE_UPSTREAMS upstream "{name}": "auth": {{"type": "oauth_user"}} needs'
+    if auth_mode not in ("header", "oauth"):
+        return (f"{head} SATGATE_AUTH_MODE=header or oauth (each caller's grant is kept under its token id or "
+                f"subject, and in {auth_mode} mode every caller is the same one)")
+    if not credential_key_set:
+        return (f"{head} SATGATE_CREDENTIAL_KEY (32 random bytes as 64 hex characters: the users' refresh tokens "
+                "are stored encrypted with it)")
+    if not public_url_known:
+        return (f"{head} SATGATE_PUBLIC_URL (the address browsers reach this gateway at: the authorization server "
+                "sends the user back to /oauth/callback/<upstream> under it)")
+    return None
+
+
+def upstream_auth_problem(auth_mode: str, identity_key_set: bool, auths: Mapping[str, AuthSpec | None], *,
+                          credential_key_set: bool = False, public_url_known: bool = True) -> str | None:
     """The first upstream whose ``"auth"`` this configuration cannot serve, as one line starting with the variable."""
     for name, auth in auths.items():
+        if isinstance(auth, OAuthUserSpec) and (
+                problem := oauth_user_problem(name, auth_mode, credential_key_set, public_url_known)):
+            return problem
         if isinstance(auth, TokenExchangeSpec) and auth_mode != "oauth":
             return (f'SATGATE_UPSTREAMS upstream "{name}": "auth": {{"type": "token_exchange"}} needs '
                     f"SATGATE_AUTH_MODE=oauth (it exchanges the caller's OAuth access token, and in "

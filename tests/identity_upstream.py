@@ -2,7 +2,8 @@
 
 ``python tests/identity_upstream.py --jwks-url URL --issuer ISS --audience AUD`` prints ``READY <url>`` once it
 listens. Every HTTP request must carry a JWT the authorization server signed (its JWKS at ``--jwks-url``) for
-``--audience``; anything else gets 401 before MCP sees it. Tools:
+``--audience``; anything else gets 401 before MCP sees it, except its RFC 9728 protected resource metadata
+(``/.well-known/oauth-protected-resource/mcp``: ``--audience`` as the resource, ``--issuer`` its server). Tools:
 
 - ``whoami``: the ``sub`` of the bearer token this very request carried;
 - ``identity``: the ``X-Satgate-Identity`` header as received ("" without one), for the test to verify;
@@ -36,12 +37,22 @@ class Seen:
         self.rejected_subjects: set[str] = set()
 
 
+RESOURCE_METADATA_PATH = "/.well-known/oauth-protected-resource/mcp"
+
+
 def bearer_guard(app: Any, jwks: jwt.PyJWKClient, issuer: str, audience: str, seen: Seen) -> Any:
     """The ASGI app behind a resource server's check: a valid token for this audience, or 401."""
+    metadata = json.dumps({"resource": audience, "authorization_servers": [issuer],
+                           "bearer_methods_supported": ["header"]}).encode()
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
             await app(scope, receive, send)
+            return
+        if scope.get("path") == RESOURCE_METADATA_PATH:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": metadata})
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         token = headers.get("authorization", "").removeprefix("Bearer ").strip()

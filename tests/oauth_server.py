@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from tests.oauth_authorize_endpoint import AuthorizeEndpoint
 from tests.oauth_token_endpoint import TokenEndpoint
 
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
@@ -130,6 +131,8 @@ class AuthServer:
         self._current: dict[str, str] = {}
         #: The token endpoint (token exchange, client credentials): register clients on it, make it refuse.
         self.tokens = TokenEndpoint(self)
+        #: The authorization code flow (auto-approving authorize endpoint, code and refresh grants).
+        self.authorizations = AuthorizeEndpoint(self)
         self._runner: web.AppRunner | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
@@ -163,7 +166,7 @@ class AuthServer:
         if self.oidc:
             app.router.add_get(self.oidc_path, self._metadata)
         app.router.add_get("/jwks", self._jwks)
-        app.router.add_route("*", self.path + "/authorize", self._not_implemented)
+        app.router.add_get(self.path + "/authorize", self.authorizations.authorize)
         app.router.add_post(self.path + "/token", self.tokens.handle)
         return app
 
@@ -247,10 +250,6 @@ class AuthServer:
                 {"error": "simulated_outage"}, status=self.jwks_status, headers=self.jwks_headers
             )
         return web.json_response(self.jwks(), headers=self.jwks_headers)
-
-    async def _not_implemented(self, request: web.Request) -> web.Response:
-        """Advertised so the metadata is complete; the gateway only verifies tokens, it never runs flows."""
-        return web.json_response({"error": "not_implemented"}, status=501)
 
     # ----------------------------------------------------------------------------------------- keys
 

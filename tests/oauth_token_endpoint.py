@@ -78,7 +78,15 @@ class TokenEndpoint:
             return self._issue(client, fields, client)
         if grant == TOKEN_EXCHANGE:
             return self._exchange(client, fields)
+        if grant == "authorization_code":
+            return self._server.authorizations.code_grant(client, fields)
+        if grant == "refresh_token":
+            return self._server.authorizations.refresh_grant(client, fields)
         return _refusal("unsupported_grant_type")
+
+    @staticmethod
+    def refusal(error: str) -> web.Response:
+        return _refusal(error)
 
     def _client(self, request: web.Request, fields: dict[str, str]) -> str | None:
         """The authenticated client id: HTTP Basic with the registered secret, or a signed assertion."""

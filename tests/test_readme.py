@@ -110,6 +110,9 @@ CLAIMS: dict[str, Claim] = {
     "client credentials": Claim("sh", '"type":"client_credentials"', "test_upstream_identity_examples_load",
                                 not_run="needs an authorization server and an upstream that verifies tokens: "
                                         "tests/integration/test_upstream_identity.py runs the mode against real ones"),
+    "oauth user": Claim("sh", '"type":"oauth_user"', "test_upstream_identity_examples_load",
+                        not_run="needs an authorization server, a browser and an upstream that verifies tokens: "
+                                "tests/integration/test_upstream_user_grants.py runs the mode against real ones"),
 }
 
 
@@ -332,10 +335,11 @@ def test_the_readme_names_only_settings_that_exist() -> None:
     assert named - known_variables() == set()
 
 
-@pytest.mark.parametrize("name", ["token exchange", "client credentials"])
+@pytest.mark.parametrize("name", ["token exchange", "client credentials", "oauth user"])
 def test_upstream_identity_examples_load(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each "auth" example is a configuration the gateway accepts as written (generated secrets made here)."""
-    generated = {"SATGATE_ROOT_KEY": "r" * 48, "SATGATE_IDENTITY_KEY": _ed25519_pem()}
+    generated = {"SATGATE_ROOT_KEY": "r" * 48, "SATGATE_IDENTITY_KEY": _ed25519_pem(),
+                 "SATGATE_CREDENTIAL_KEY": "c" * 64}
     for line in commands(block(name)):
         words = shlex.split(line)
         if words[0] == "export":

@@ -20,6 +20,9 @@ BASE: dict[str, Any] = {"token_endpoint": "https://idp.example.com/token", "clie
 OAUTH: dict[str, Any] = {"auth_mode": "oauth", "oauth_issuer": "https://idp.example.com",
                          "oauth_audience": "https://gw.example.com/mcp"}
 HEADER: dict[str, Any] = {"auth_mode": "header", "root_key": "r" * 40}
+CREDENTIAL_KEY = "0f" * 32
+USER: dict[str, Any] = {"type": "oauth_user", "client_id": "gw", "client_secret_env": SECRET}
+KEYED: dict[str, Any] = {**HEADER, "credential_key": CREDENTIAL_KEY}
 
 
 def _pem(key: ed25519.Ed25519PrivateKey | rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> str:
@@ -62,6 +65,15 @@ def _secret(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.param({"type": "client_credentials", **{**BASE, "token_endpoint": "http://idp.example.com/token"}}, {},
                  '"auth.token_endpoint": must be an https:// URL', id="plain-http-off-loopback"),
     pytest.param({"type": "device_code", **BASE}, {}, '"auth" must be a JSON object with "type"', id="unknown-type"),
+    pytest.param(USER, {"credential_key": CREDENTIAL_KEY}, "needs SATGATE_AUTH_MODE=header or oauth",
+                 id="user-in-none"),
+    pytest.param(USER, HEADER, "needs SATGATE_CREDENTIAL_KEY", id="user-without-credential-key"),
+    pytest.param(USER, {**HEADER, "credential_key": CREDENTIAL_KEY, "host": "0.0.0.0"}, "needs SATGATE_PUBLIC_URL",
+                 id="user-off-loopback-without-public-url"),
+    pytest.param({**USER, "token_endpoint": "https://idp.example.com/token"}, KEYED,
+                 '"authorization_endpoint" and "token_endpoint" go together', id="user-half-endpoints"),
+    pytest.param({**USER, "authorization_server": "http://idp.example.com"}, KEYED,
+                 '"auth.authorization_server": must be an https:// URL', id="user-plain-http-issuer"),
 ])
 def test_refused_at_start_in_one_line(auth: dict[str, Any], values: dict[str, Any], says: str) -> None:
     line = problem(auth, **values)
@@ -87,6 +99,11 @@ def test_a_secret_written_inline_is_never_echoed() -> None:
     pytest.param({"type": "client_credentials", **BASE}, {}, id="cc-in-none"),
     pytest.param({"type": "client_credentials", "forward_identity": True, **BASE},
                  {**HEADER, "identity_key": _pem(ed25519.Ed25519PrivateKey.generate())}, id="forward-with-key"),
+    pytest.param(USER, {**HEADER, "credential_key": CREDENTIAL_KEY}, id="user-in-header-on-loopback"),
+    pytest.param(USER, {**OAUTH, "credential_key": CREDENTIAL_KEY, "host": "0.0.0.0"}, id="user-in-oauth-audience"),
+    pytest.param({**USER, "authorization_server": "https://idp.example.com", "scope": "repo read:user"},
+                 {**HEADER, "credential_key": CREDENTIAL_KEY, "host": "0.0.0.0",
+                  "public_url": "https://gw.example.com/"}, id="user-with-public-url"),
 ])
 def test_accepted(auth: dict[str, Any], values: dict[str, Any]) -> None:
     spec = settings_with(auth, **values).upstreams["files"]
@@ -121,3 +138,25 @@ def test_a_bad_identity_key_stops_the_start(value: str, says: str) -> None:
     assert line.startswith("invalid SATGATE_IDENTITY_KEY")
     assert says in line
     assert "PRIVATE KEY" not in line
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    pytest.param("0f" * 31, "entry 1 is not 32 bytes as 64 hex characters", id="short"),
+    pytest.param("0f" * 32 + ",zz" + "0" * 62, "entry 2 is not 32 bytes", id="second-not-hex"),
+])
+def test_a_bad_credential_key_stops_the_start_without_echoing_it(value: str, says: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(credential_key=SecretStr(value), state_dir="memory")
+    line = format_errors(caught.value)
+    assert line.startswith("invalid SATGATE_CREDENTIAL_KEY")
+    assert says in line
+    assert "0f0f0f" not in line
+
+
+def test_credential_keys_rotate_and_the_public_url_defaults() -> None:
+    settings = Settings(credential_key=SecretStr(f"{'01' * 32}, {'02' * 32}"), state_dir="memory", **OAUTH)
+    assert settings.credential_key_list == [bytes([1]) * 32, bytes([2]) * 32]
+    assert settings.public_base("oauth", settings.oauth_audience) == "https://gw.example.com"
+    assert settings.public_base("header", []) is None
+    assert Settings(public_url="https://gw.example.com/satgate/", state_dir="memory").public_url == \
+        "https://gw.example.com/satgate"

@@ -13,10 +13,10 @@ import asyncio
 from enum import StrEnum
 
 from satgate_mcp.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-from satgate_mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, JsonObj
+from satgate_mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, URL_ELICITATION_REQUIRED, JsonObj
 
-#: JSON-RPC answers that prove the call never ran.
-NOT_RUN_CODES = frozenset({INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
+#: JSON-RPC answers that prove the call never ran (-32042: it cannot proceed until the user completes a URL).
+NOT_RUN_CODES = frozenset({INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, URL_ELICITATION_REQUIRED})
 
 
 class FailureKind(StrEnum):

@@ -28,6 +28,7 @@ from satgate_mcp.policy.duplicates import DuplicateStore
 from satgate_mcp.policy.limits import RateLimiter
 from satgate_mcp.policy.pins import PinStore
 from satgate_mcp.policy.spend import SpendStore
+from satgate_mcp.policy.upstream_grants import GrantStore
 from satgate_mcp.sessions import TombstoneStore
 from satgate_mcp.stores.errors import STORE_ERRORS
 from satgate_mcp.stores.files import FileRevocationStore
@@ -39,10 +40,12 @@ from satgate_mcp.stores.memory import (
     MemoryRevocationStore,
 )
 from satgate_mcp.stores.memory_approvals import MemoryApprovalStore
+from satgate_mcp.stores.memory_grants import MemoryGrantStore
 from satgate_mcp.stores.memory_spend import MemorySpendStore
 from satgate_mcp.stores.redis.admissions import RedisAdmissions
 from satgate_mcp.stores.redis.approvals import RedisApprovalStore
 from satgate_mcp.stores.redis.console import RedisBoard
+from satgate_mcp.stores.redis.grants import RedisGrantStore
 from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
@@ -52,10 +55,12 @@ from satgate_mcp.stores.sqlite import (
     DB_NAME,
     LocalState,
     open_approvals_database,
+    open_grants_database,
     open_pins_database,
     open_revocations_database,
 )
 from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
+from satgate_mcp.stores.sqlite.grants import SqliteGrantStore
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.spend import SqliteSpendStore
 
@@ -110,6 +115,8 @@ class Stores:
     spend: SpendStore = field(default_factory=MemorySpendStore)
     #: Held calls waiting for an operator (approval holds): in the state database or on Redis, like the rest.
     approvals: ApprovalStore = field(default_factory=MemoryApprovalStore)
+    #: Users' grants to "oauth_user" upstreams and the authorizations waiting for them: like the rest.
+    grants: GrantStore = field(default_factory=MemoryGrantStore)
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -158,7 +165,7 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
     return Stores("sqlite", None, state.budgets, state.duplicates, state.admissions, revocations,
                   files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose),
                   pins=SqlitePinStore(state.db), spend=SqliteSpendStore(state.db),
-                  approvals=SqliteApprovalStore(state.db))
+                  approvals=SqliteApprovalStore(state.db), grants=SqliteGrantStore(state.db))
 
 
 def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
@@ -172,7 +179,8 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
                   pins=RedisPinStore(policy.client), board=RedisBoard(policy.client),
-                  spend=RedisSpendStore(policy.client), approvals=RedisApprovalStore(policy.client))
+                  spend=RedisSpendStore(policy.client), approvals=RedisApprovalStore(policy.client),
+                  grants=RedisGrantStore(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:
@@ -255,6 +263,13 @@ def cli_approvals(settings: StateSettings) -> ApprovalStore | str:
         settings.redis_url or "", timeout=settings.redis_timeout), open_approvals_database)
 
 
+def cli_grants(settings: StateSettings) -> GrantStore | str:
+    """Where ``credentials list|revoke`` (and ``token revoke``) read and forget users' upstream grants; else why
+    not (``_cli_store``)."""
+    return _cli_store(settings, "credential store", "users' upstream grants", lambda: RedisGrantStore.from_url(
+        settings.redis_url or "", timeout=settings.redis_timeout), open_grants_database)
+
+
 S = TypeVar("S")
 
 
@@ -283,6 +298,7 @@ __all__ = [
     "StoreProbe",
     "Stores",
     "cli_approvals",
+    "cli_grants",
     "cli_pins",
     "cli_revocations",
     "configured_revocations",

@@ -16,6 +16,7 @@ from functools import partial
 from aiohttp import web
 
 from satgate_mcp import events, jsonrpc
+from satgate_mcp.addresses import is_loopback_host
 from satgate_mcp.auth.base import Authenticator, Identity, bearer_from_header
 from satgate_mcp.events import Publisher
 from satgate_mcp.keys import CLOSE_CONNECTION, TOKEN_ID
@@ -23,7 +24,7 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import Settings
 from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Refusal
-from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
+from satgate_mcp.upstream.credential import CREDENTIAL, LOOPBACK_BASE, CallerCredential
 
 #: Distinct (Host, Origin) pairs whose verdict is kept: a client chooses them, so the cache is bounded.
 HOST_ORIGIN_CACHE = 256
@@ -101,6 +102,8 @@ class RequestChecks:
             # (``result.token`` is what a session binds to, in OAuth mode not the bearer itself).
             CREDENTIAL.set(CallerCredential(bearer_from_header(authorization) or "", identity.token_id,
                                             identity.subject or identity.token_id, identity.tenant))
+            if (host := request.url.host) is not None and is_loopback_host(host):
+                LOOPBACK_BASE.set(f"{request.scheme}://{request.host}")  # where a user comes back to, on loopback
             return Principal(result.token, identity)
         self._metrics.refusals.labels(reason=str(result.outcome)).inc()
         # A revoked or expired token verified its signature: its id is the holder's, and worth logging.

@@ -24,14 +24,17 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
+from satgate_mcp.upstream.authorize_call import authorize
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback
-from satgate_mcp.upstream.credential import CREDENTIAL, CallerCredential
+from satgate_mcp.upstream.credential import CREDENTIAL, LOOPBACK_BASE, CallerCredential
+from satgate_mcp.upstream.credential_box import CredentialBox
 from satgate_mcp.upstream.http import HttpUpstream
-from satgate_mcp.upstream.identity import RevocationCheck, UpstreamAuth, refresh_in
-from satgate_mcp.upstream.isolated import IsolatedUpstream
-from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey
+from satgate_mcp.upstream.identity import RevocationCheck, UpstreamAuth, UpstreamIdentity, refresh_in
+from satgate_mcp.upstream.isolated import CATALOGUE_METHODS, IsolatedUpstream
+from satgate_mcp.upstream.signing import IDENTITY_HEADER
 from satgate_mcp.upstream.token_client import TokenClient
-from satgate_mcp.upstream_auth_spec import per_caller
+from satgate_mcp.upstream.user_grants import AuthorizationNeeded, UserGrants
+from satgate_mcp.upstream_auth_spec import OAuthUserSpec, per_caller
 
 #: The credential headers of the call running in this context. A holder emptied when the call ends: a task the
 #: call started (a listen stream) copies the holder, not the headers, and falls back to the connection's own.
@@ -84,6 +87,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
         self._refresher: asyncio.Task[None] | None = None
         #: What requests outside any call carry (the handshake in the background, the listen stream, DELETE).
         self._background: dict[str, str] = {}
+        self._started = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -102,6 +106,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
         for attempt in (0, 1):
             try:
                 async with asyncio.timeout(timeout):
+                    await self._started.wait()  # a call that found this connection just made waits for its start
                     await self._ensure_ready()
                 return True
             except CredentialsRefused:
@@ -115,6 +120,7 @@ class AuthorizedHttpUpstream(HttpUpstream):
 
     async def start(self, on_notification: NotificationCallback) -> None:
         await super().start(on_notification)
+        self._started.set()
         if not self._callers and self._refresher is None:
             self._refresher = asyncio.create_task(self._keep_own_token(), name=f"upstream-token-{self.name}")
 
@@ -203,11 +209,18 @@ class AuthorizedHttpUpstream(HttpUpstream):
         return twin
 
 
-def upstream_auth(name: str, spec: HttpUpstreamSpec, identity_key: SigningKey | None,
-                  session: Callable[[], aiohttp.ClientSession]) -> UpstreamAuth:
+def upstream_auth(name: str, spec: HttpUpstreamSpec, identity: UpstreamIdentity,
+                  session: Callable[[], aiohttp.ClientSession], publisher: Publisher | None = None) -> UpstreamAuth:
     assert spec.auth is not None
     client = TokenClient(name, spec.auth, timeout=spec.timeout, session=session)
-    return UpstreamAuth(name, spec.auth, client, identity_key=identity_key, audience=spec.url)
+    user = None
+    if isinstance(spec.auth, OAuthUserSpec):
+        assert identity.grants is not None
+        assert identity.credential_keys
+        user = identity.user_grants[name] = UserGrants(
+            name, spec.auth, spec.url, client, identity.grants, CredentialBox(identity.credential_keys),
+            timeout=spec.timeout, session=session, store_timeout=identity.store_timeout, publisher=publisher)
+    return UpstreamAuth(name, spec.auth, client, identity_key=identity.identity_key, audience=spec.url, user=user)
 
 
 class AuthorizedIsolated(IsolatedUpstream):
@@ -217,7 +230,31 @@ class AuthorizedIsolated(IsolatedUpstream):
     auth: UpstreamAuth
     #: The revocation store's question: a swept caller whose token was revoked loses its cached upstream tokens.
     is_revoked: RevocationCheck | None = None
+    #: Where browsers come back to after authorizing (``oauth_user``); None: the calling request's loopback Host.
+    public_base: str | None = None
     _revocation_sweep: asyncio.Task[None] | None = None
+
+    async def request(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None,
+                      timeout: float | None = None) -> JsonObj:
+        """On an ``oauth_user`` upstream, a caller without a grant is asked to authorize first (authorize_call.py),
+        then the call goes on; a grant gone between the look and the call is asked for the same way, once."""
+        user, caller = self.auth.user, CREDENTIAL.get()
+        if user is None or caller is None or method in CATALOGUE_METHODS:
+            return await super().request(method, params, on_progress=on_progress, timeout=timeout)
+        for attempt in (0, 1):
+            if attempt or await user.grant_of(caller) is None:
+                base = self.public_base or LOOPBACK_BASE.get()
+                if base is None:
+                    raise UpstreamAuthFailed(self.name, "no_public_url", "the gateway does not know its public "
+                                             "URL (set SATGATE_PUBLIC_URL) to send the user back to")
+                await authorize(user, caller, on_progress, base)
+            try:
+                return await super().request(method, params, on_progress=on_progress, timeout=timeout)
+            except AuthorizationNeeded:
+                if attempt:
+                    raise UpstreamAuthFailed(self.name, "invalid_grant", f"upstream {self.name!r}: the grant "
+                                             "just given was refused; authorize again") from None
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         if self._revocation_sweep is not None:
@@ -247,12 +284,12 @@ class AuthorizedIsolated(IsolatedUpstream):
             self._log.info("upstream_tokens_dropped", reason="revoked", tokens=dropped)
 
 
-def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity_key: SigningKey | None, publisher: Publisher,
-                    metrics: Metrics, idle_ttl: float, clock: Callable[[], float] = time.monotonic,
-                    is_revoked: RevocationCheck | None = None) -> AuthorizedHttpUpstream | AuthorizedIsolated:
+def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity: UpstreamIdentity, publisher: Publisher,
+                    metrics: Metrics, idle_ttl: float, clock: Callable[[], float] = time.monotonic
+                    ) -> AuthorizedHttpUpstream | AuthorizedIsolated:
     """The connection(s) for an upstream with ``"auth"``: one shared, or one per caller under a catalogue."""
     sessions = TokenSession()
-    auth = upstream_auth(name, spec, identity_key, sessions)
+    auth = upstream_auth(name, spec, identity, sessions, publisher)
 
     def connection(owner: CallerCredential | None, callers: bool, owns: TokenSession | None = None
                    ) -> AuthorizedHttpUpstream:
@@ -264,5 +301,6 @@ def make_authorized(name: str, spec: HttpUpstreamSpec, *, identity_key: SigningK
     isolated = AuthorizedIsolated(name, spec, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock,
                                   factory=lambda label: connection(CREDENTIAL.get(), True),
                                   catalogue=connection(None, False), isolation="token")
-    isolated.token_session, isolated.auth, isolated.is_revoked = sessions, auth, is_revoked
+    isolated.token_session, isolated.auth, isolated.is_revoked = sessions, auth, identity.is_revoked
+    isolated.public_base = identity.public_base
     return isolated

@@ -29,3 +29,8 @@ class CallerCredential:
 
 
 CREDENTIAL: ContextVar[CallerCredential | None] = ContextVar("satgate_caller_credential", default=None)
+
+
+#: ``scheme://host`` of the request being served, when its Host is a loopback name: where an ``oauth_user``
+#: upstream sends the user back when no SATGATE_PUBLIC_URL (or OAuth audience) says otherwise.
+LOOPBACK_BASE: ContextVar[str | None] = ContextVar("satgate_loopback_base", default=None)

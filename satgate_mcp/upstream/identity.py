@@ -19,17 +19,19 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from satgate_mcp.policy.upstream_grants import GrantStore
 from satgate_mcp.upstream.credential import CallerCredential
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey, identity_claims
 from satgate_mcp.upstream.token_client import IssuedToken, TokenClient
-from satgate_mcp.upstream_auth_spec import ClientCredentialsSpec, TokenExchangeSpec, per_caller
+from satgate_mcp.upstream.user_grants import UserGrants
+from satgate_mcp.upstream_auth_spec import AuthSpec, ClientCredentialsSpec, per_caller
 
 #: A cached token is replaced this many seconds before the server said it expires.
 REFRESH_MARGIN = 30.0
 #: Cached tokens kept per upstream at most (oldest first out).
 MAX_CACHED = 10_000
 
-Grant = Literal["token_exchange", "client_credentials"]
+Grant = Literal["token_exchange", "client_credentials", "oauth_user"]
 #: Whether a token id (or subject) is revoked: the revocation store's question, handed down by the app.
 RevocationCheck = Callable[[str], Awaitable[bool]]
 #: (subject, upstream, scope): "" as the subject for the gateway's own token.
@@ -37,8 +39,11 @@ CacheKey = tuple[str, str, str]
 
 
 def grant_for(auth_type: str, has_caller: bool) -> Grant:
-    """Token exchange needs a caller's token; without one (the gateway's own listings) the gateway is the client."""
-    return "token_exchange" if auth_type == "token_exchange" and has_caller else "client_credentials"
+    """Token exchange needs a caller's token, a user's grant a caller; without one (the gateway's own listings) the
+    gateway is the client."""
+    if not has_caller or auth_type not in ("token_exchange", "oauth_user"):
+        return "client_credentials"
+    return "token_exchange" if auth_type == "token_exchange" else "oauth_user"
 
 
 def is_fresh(expires_at: float, now: float, margin: float = REFRESH_MARGIN) -> bool:
@@ -63,6 +68,23 @@ def refresh_in(expires_at: float | None, now: float, *, retry: float, margin: fl
 def sends_identity(forward_identity: bool, has_caller: bool) -> bool:
     """The signed identity header goes with a client's call only: the gateway's own requests name nobody."""
     return forward_identity and has_caller
+
+
+@dataclass(frozen=True)
+class UpstreamIdentity:
+    """What the app hands the pool for upstreams with ``"auth"``: the key identities are signed with, the revocation
+    store's question, and for ``oauth_user`` the grant store, the credential keys and the public URL."""
+
+    identity_key: SigningKey | None = None
+    is_revoked: RevocationCheck | None = None
+    grants: GrantStore | None = None
+    credential_keys: tuple[bytes, ...] = ()
+    #: Where browsers come back to; None: the calling request's Host (on loopback only).
+    public_base: str | None = None
+    #: The bound of one grant store wait (``SATGATE_REDIS_TIMEOUT``).
+    store_timeout: float | None = None
+    #: Each ``oauth_user`` upstream's grants, as the pool makes them: the callback finishes authorizations there.
+    user_grants: dict[str, UserGrants] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -104,11 +126,14 @@ class TokenCache:
     async def _fetch(self, key: CacheKey, origin: bytes | None, fetch: Callable[[], Awaitable[IssuedToken]],
                      owners: tuple[str, ...]) -> str:
         issued = await fetch()
+        self.put(key, origin, issued, owners)
+        return issued.value
+
+    def put(self, key: CacheKey, origin: bytes | None, issued: IssuedToken, owners: tuple[str, ...] = ()) -> None:
         self._entries.pop(key, None)  # re-inserted last: the oldest entry is the first in the dict
         self._entries[key] = CachedToken(issued.value, self._clock() + issued.expires_in, origin, owners)
         while len(self._entries) > self._cap:
             self._entries.pop(next(iter(self._entries)))
-        return issued.value
 
     def _landed(self, flight_key: tuple[CacheKey, bytes | None], task: asyncio.Task[str]) -> None:
         if self._flights.get(flight_key) is task:
@@ -153,9 +178,10 @@ class TokenCache:
 class UpstreamAuth:
     """One upstream's ``"auth"``: the headers a request carries for a caller (None: the gateway's own request)."""
 
-    def __init__(self, name: str, spec: TokenExchangeSpec | ClientCredentialsSpec, client: TokenClient, *,
+    def __init__(self, name: str, spec: AuthSpec, client: TokenClient, *,
                  identity_key: SigningKey | None, audience: str, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, user: UserGrants | None = None) -> None:
+        """``user``: an ``oauth_user`` upstream's grants (each caller's token comes from its own)."""
         self.name = name
         self.spec = spec
         self.client = client
@@ -163,21 +189,35 @@ class UpstreamAuth:
         self.cache = TokenCache(clock=clock)
         self._identity_key = identity_key
         #: The identity JWT's ``aud``: the upstream as it names itself (``audience``, ``resource``, else its URL).
-        self._audience = spec.audience or spec.resource or audience
+        self._audience = getattr(spec, "audience", None) or spec.resource or audience
         self._wall = wall_clock
+        self.user = user
+        if user is not None:
+            user.on_granted = self._granted
 
     def _key(self, caller: CallerCredential | None, grant: Grant) -> CacheKey:
-        return (caller.subject if caller is not None and grant == "token_exchange" else "", self.name,
+        return (caller.subject if caller is not None and grant != "client_credentials" else "", self.name,
                 self.spec.scope or "")
+
+    def _granted(self, owner: str, grant_id: str, issued: IssuedToken) -> None:
+        """A user's authorization completed here: its access token serves the retried call without a refresh."""
+        self.cache.put((owner, self.name, self.spec.scope or ""), grant_id.encode("ascii"), issued, (owner,))
 
     async def headers(self, caller: CallerCredential | None) -> dict[str, str]:
         """``Authorization: Bearer`` with the token for this caller (and ``X-Satgate-Identity`` when forwarded)."""
         grant = grant_for(self.spec.type, caller is not None)
+        owners = tuple(dict.fromkeys((caller.token_id, caller.subject))) if caller is not None else ()
         if grant == "token_exchange":
             assert caller is not None
             token = await self.cache.get(self._key(caller, grant), caller.digest,
-                                         partial(self.client.exchange, caller.token),
-                                         tuple(dict.fromkeys((caller.token_id, caller.subject))))
+                                         partial(self.client.exchange, caller.token), owners)
+        elif grant == "oauth_user":
+            assert caller is not None
+            assert self.user is not None
+            token = await self.user.access_token(caller, partial(self.cache.get, self._key(caller, grant),
+                                                                 owners=owners))
+        elif self.user is not None:  # an oauth_user upstream's own requests: its server's client credentials
+            token = await self.cache.get(self._key(caller, grant), None, self.user.own_token)
         else:
             token = await self.cache.get(self._key(caller, grant), None, self.client.client_credentials)
         headers = {"Authorization": f"Bearer {token}"}

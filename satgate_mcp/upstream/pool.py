@@ -24,10 +24,9 @@ from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
 from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, STALE_AFTER
 from satgate_mcp.upstream.eras import client_era, resource_error_in_era
-from satgate_mcp.upstream.identity import RevocationCheck
+from satgate_mcp.upstream.identity import UpstreamIdentity
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 from satgate_mcp.upstream.listings import UpstreamListings
-from satgate_mcp.upstream.signing import SigningKey
 from satgate_mcp.upstream.surface import merged_capabilities, unlisted_tool
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -38,14 +37,13 @@ RELAYED = frozenset({"notifications/resources/updated"})
 
 def make_upstream(
     name: str, spec: StdioUpstreamSpec | HttpUpstreamSpec, *, publisher: Publisher, metrics: Metrics,
-    idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic, identity_key: SigningKey | None = None,
-    is_revoked: RevocationCheck | None = None,
+    idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic, identity: UpstreamIdentity | None = None,
 ) -> Upstream:
     if isinstance(spec, HttpUpstreamSpec) and spec.auth is not None:
         from satgate_mcp.upstream.authorized import make_authorized
 
-        return make_authorized(name, spec, identity_key=identity_key, publisher=publisher, metrics=metrics,
-                               idle_ttl=idle_ttl, clock=clock, is_revoked=is_revoked)
+        return make_authorized(name, spec, identity=identity or UpstreamIdentity(), publisher=publisher,
+                               metrics=metrics, idle_ttl=idle_ttl, clock=clock)
     if isinstance(spec, StdioUpstreamSpec) and spec.isolation != "shared":
         return IsolatedUpstream(name, spec, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock)
     if isinstance(spec, StdioUpstreamSpec):
@@ -70,15 +68,13 @@ class UpstreamPool(UpstreamListings):
         idle_ttl: float = 1800.0,
         sweep_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        identity_key: SigningKey | None = None,
-        is_revoked: RevocationCheck | None = None,
+        identity: UpstreamIdentity | None = None,
     ) -> None:
         """``idle_ttl``: a client child of an isolated upstream idle this long is reaped (the session idle TTL).
 
-        ``identity_key`` signs the caller's identity for upstreams with ``"forward_identity": true``; ``is_revoked``
-        (the revocation store's) lets a sweep drop the upstream tokens obtained for a revoked caller."""
+        ``identity``: what upstreams with ``"auth"`` need (signing key, revocations, users' grants)."""
         upstreams = {n: make_upstream(n, s, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock,
-                                      identity_key=identity_key, is_revoked=is_revoked) for n, s in specs.items()}
+                                      identity=identity) for n, s in specs.items()}
         super().__init__(upstreams, list(specs), {n: s.tool_prefix for n, s in specs.items()})
         self._isolated = {n: u for n, u in self._upstreams.items() if isinstance(u, IsolatedUpstream)}
         for isolated in self._isolated.values():

@@ -1,4 +1,5 @@
-"""The gateway as an OAuth client at an upstream's token endpoint: RFC 8693 token exchange, RFC 6749 client credentials.
+"""The gateway as an OAuth client at an upstream's token endpoint: RFC 8693 token exchange, RFC 6749 client credentials,
+and for ``oauth_user`` the authorization code (with its PKCE verifier) and refresh token grants.
 
 One POST per grant, form-encoded, the client authenticated by HTTP Basic (``client_secret_basic``) or by a JWT
 it signs (``private_key_jwt``, RFC 7523). What the server answers is read by ``read_token_response`` (pure): a
@@ -23,7 +24,7 @@ import structlog
 
 from satgate_mcp.errors import UpstreamAuthFailed
 from satgate_mcp.upstream.signing import SigningKey, client_assertion_claims
-from satgate_mcp.upstream_auth_spec import ClientCredentialsSpec, TokenExchangeSpec
+from satgate_mcp.upstream_auth_spec import ClientCredentialsSpec, OAuthUserSpec, TokenExchangeSpec
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
@@ -37,7 +38,7 @@ MAX_RESPONSE = 256 * 1024
 #: RFC 6749 error codes are a small ASCII set; anything else is not echoed.
 _ERROR_CODE = re.compile(r"[\x20-\x21\x23-\x5b\x5d-\x7e]{1,80}")
 
-GrantSpec = TokenExchangeSpec | ClientCredentialsSpec
+GrantSpec = TokenExchangeSpec | ClientCredentialsSpec | OAuthUserSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class IssuedToken:
 
     value: str = field(repr=False)
     expires_in: float
+    #: What the authorization code and refresh grants may add: the refresh token, and the scope granted.
+    refresh_token: str | None = field(default=None, repr=False)
+    scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,10 @@ def read_token_response(status: int, body: bytes) -> IssuedToken | Refused:
     if isinstance(kind, str) and kind.lower() not in {"bearer", "n_a"}:
         return Refused("unsupported_token_type", status)
     lifetime = float(expires) if isinstance(expires, int | float) and not isinstance(expires, bool) else None
-    return IssuedToken(token, lifetime if lifetime is not None and lifetime > 0 else DEFAULT_LIFETIME)
+    refresh, scope = document.get("refresh_token"), document.get("scope")
+    return IssuedToken(token, lifetime if lifetime is not None and lifetime > 0 else DEFAULT_LIFETIME,
+                       refresh if isinstance(refresh, str) and refresh else None,
+                       scope if isinstance(scope, str) and scope else None)
 
 
 def grant_form(spec: GrantSpec, subject_token: str | None) -> dict[str, str]:
@@ -85,10 +92,21 @@ def grant_form(spec: GrantSpec, subject_token: str | None) -> dict[str, str]:
     else:
         form = {"grant_type": "client_credentials"}
     for name in ("audience", "resource", "scope"):
-        value = getattr(spec, name)
+        value = getattr(spec, name, None)
         if value is not None:
             form[name] = value
     return form
+
+
+def code_form(code: str, verifier: str, redirect_uri: str, resource: str) -> dict[str, str]:
+    """RFC 6749 section 4.1.3 with RFC 7636's verifier and RFC 8707's resource (the token's audience)."""
+    return {"grant_type": "authorization_code", "code": code, "code_verifier": verifier,
+            "redirect_uri": redirect_uri, "resource": resource}
+
+
+def refresh_form(refresh_token: str, resource: str) -> dict[str, str]:
+    """RFC 6749 section 6, for the same resource as the grant."""
+    return {"grant_type": "refresh_token", "refresh_token": refresh_token, "resource": resource}
 
 
 def basic_authorization(client_id: str, secret: str) -> str:
@@ -107,6 +125,8 @@ class TokenClient:
         self._timeout = timeout
         self._session = session
         self._clock = clock
+        #: Where tokens are asked for; an ``oauth_user`` spec may leave it to discovery (set before the first grant).
+        self.token_endpoint = spec.token_endpoint
         secret = os.environ.get(spec.secret_variable(), "")
         self._secret = secret if spec.client_auth == "client_secret_basic" else None
         self._key = SigningKey.load(secret, spec.key_id) if spec.client_auth == "private_key_jwt" else None
@@ -117,13 +137,23 @@ class TokenClient:
         """RFC 8693: the caller's access token for one addressed to the upstream."""
         return await self._grant(grant_form(self._spec, subject_token), "token_exchange")
 
-    async def client_credentials(self) -> IssuedToken:
-        return await self._grant(grant_form(self._spec, None), "client_credentials")
+    async def client_credentials(self, resource: str | None = None) -> IssuedToken:
+        form = grant_form(self._spec, None)
+        if resource is not None:
+            form["resource"] = resource
+        return await self._grant(form, "client_credentials")
+
+    async def authorization_code(self, code: str, verifier: str, redirect_uri: str, resource: str) -> IssuedToken:
+        return await self._grant(code_form(code, verifier, redirect_uri, resource), "authorization_code")
+
+    async def refresh(self, refresh_token: str, resource: str) -> IssuedToken:
+        return await self._grant(refresh_form(refresh_token, resource), "refresh_token")
 
     def _client_auth(self, form: dict[str, str]) -> dict[str, str]:
         """Headers for ``client_secret_basic``; for ``private_key_jwt`` the assertion joins the form instead."""
         if self._key is not None:
-            claims = client_assertion_claims(self._spec.client_id, self._spec.token_endpoint, self._clock())
+            assert self.token_endpoint is not None
+            claims = client_assertion_claims(self._spec.client_id, self.token_endpoint, self._clock())
             form.update(client_id=self._spec.client_id, client_assertion_type=JWT_BEARER_ASSERTION,
                         client_assertion=self._key.sign(claims))
             return {}
@@ -133,9 +163,10 @@ class TokenClient:
     async def _grant(self, form: dict[str, str], grant: str) -> IssuedToken:
         headers = {"Accept": "application/json", **self._client_auth(form)}
         self.requests += 1
+        assert self.token_endpoint is not None  # discovered first
         try:
             async with asyncio.timeout(self._timeout):
-                async with self._session().post(self._spec.token_endpoint, data=form, headers=headers) as resp:
+                async with self._session().post(self.token_endpoint, data=form, headers=headers) as resp:
                     body = await resp.content.read(MAX_RESPONSE + 1)
                     status = resp.status
         except TimeoutError:

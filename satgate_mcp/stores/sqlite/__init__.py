@@ -15,6 +15,7 @@ from pathlib import Path
 from satgate_mcp.errors import ConfigError
 from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
 from satgate_mcp.stores.sqlite.database import DB_NAME, REFRESH_WAIT_SECONDS, Database
+from satgate_mcp.stores.sqlite.grants import SqliteGrantStore
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.stores import (
     SqliteAdmissions,
@@ -79,6 +80,12 @@ def open_approvals_database(folder: Path) -> SqliteApprovalStore | None:
     """The held calls of a database a daemon already made in ``folder`` (None: there is none)."""
     db = _existing_database(folder)
     return None if db is None else SqliteApprovalStore(db, owns_db=True)
+
+
+def open_grants_database(folder: Path) -> SqliteGrantStore | None:
+    """Users' upstream grants in a database a daemon already made in ``folder`` (None: there is none)."""
+    db = _existing_database(folder)
+    return None if db is None else SqliteGrantStore(db, owns_db=True)
 
 
 def _existing_database(folder: Path) -> Database | None:

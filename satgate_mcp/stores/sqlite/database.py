@@ -96,6 +96,14 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_bound ON approvals (fingerprint) WHERE bound = 1;
 CREATE INDEX IF NOT EXISTS approvals_family ON approvals (family, state);
 CREATE INDEX IF NOT EXISTS approvals_expiring ON approvals (expires);
+CREATE TABLE IF NOT EXISTS authorizations (
+  state TEXT PRIMARY KEY, owner TEXT NOT NULL, waiting INTEGER NOT NULL, until REAL NOT NULL, expires REAL NOT NULL,
+  record TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS authorizations_owner ON authorizations (owner, waiting);
+CREATE INDEX IF NOT EXISTS authorizations_expiring ON authorizations (expires);
+CREATE TABLE IF NOT EXISTS grants (
+  owner TEXT NOT NULL, upstream TEXT NOT NULL, grant_id TEXT NOT NULL, record TEXT NOT NULL,
+  PRIMARY KEY (owner, upstream)) WITHOUT ROWID;
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """

@@ -82,7 +82,7 @@ WRITE_BEHIND_SECONDS = 0.005
 PURGE_BATCH = 500
 #: Tables with expiring rows, and their keys.
 PURGED = (("budgets", "key"), ("duplicates", "key"), ("tombstones", "session_id"), ("spend_sums", "key"),
-          ("spend_holds", "key"), ("approvals", "id"))
+          ("spend_holds", "key"), ("approvals", "id"), ("authorizations", "state"))
 #: SQLite's primary result codes for "another connection holds the lock".
 BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 
