@@ -17,11 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from satgate_mcp.cli_tools import PinSettings
-from satgate_mcp.config_problems import format_errors
-from satgate_mcp.errors import ConfigError
+from satgate_mcp.cli_tools import PinSettings, open_store
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.policy.upstream_grants import GrantStore, StoredGrant
 from satgate_mcp.stores import cli_grants
@@ -51,18 +47,10 @@ def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
 
 def main(args: argparse.Namespace) -> ExitCode:
     """Run ``credentials list`` or ``revoke``."""
-    if args.config is not None and not args.config.is_file():
-        return _fail(f"config file not found: {args.config}")
-    try:
-        settings = PinSettings(_env_file=args.config) if args.config else PinSettings()  # type: ignore[call-arg]
-        store = cli_grants(settings)
-    except ValidationError as exc:
-        print(format_errors(exc), file=sys.stderr)
-        return ExitCode.CONFIG
-    except ConfigError as exc:
-        return _fail(str(exc))
-    if isinstance(store, str):
-        return _fail(store)
+    opened = open_store(args, PinSettings, cli_grants)
+    if isinstance(opened, ExitCode):
+        return opened
+    _, store = opened
     run = (show(store, as_json=args.json, subject=args.subject) if args.credentials_command == "list"
            else revoke(store, args.subject, args.upstream))
     try:

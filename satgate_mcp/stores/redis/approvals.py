@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import WatchError
 
 from satgate_mcp.policy.approvals import (
     Decision,
@@ -27,11 +26,9 @@ from satgate_mcp.policy.approvals import (
     newest_first,
     repeat,
 )
-from satgate_mcp.stores.redis.client import connect
+from satgate_mcp.stores.redis.client import connect, watched
 from satgate_mcp.stores.redis.policy import DEFAULT_PREFIX
 
-#: Tries of one read-modify-write against concurrent writers before it gives up (each loses only to a write).
-MAX_TRIES = 50
 T = TypeVar("T")
 
 
@@ -69,13 +66,7 @@ class RedisApprovalStore:
         return f"{self._prefix}s"
 
     async def _watched(self, body: Callable[[Pipeline], Awaitable[T]]) -> T:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for _ in range(MAX_TRIES):
-                try:
-                    return await body(pipe)
-                except WatchError:
-                    await pipe.reset()  # type: ignore[no-untyped-call]  # redis-py leaves these untyped
-        raise RuntimeError("approval store: too many concurrent writers, try again")
+        return await watched(self._redis, body, "approval store")
 
     async def _read(self, pipe: Pipeline | redis.Redis, approval_id: Any) -> HeldCall | None:
         if approval_id is None:

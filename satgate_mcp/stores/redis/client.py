@@ -8,9 +8,14 @@ bounds the rest; reconnecting is redis-py's pool's business, on the next command
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import redis.asyncio as redis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import WatchError
 
 
 def no_retry() -> Retry:
@@ -36,3 +41,21 @@ def connect(url: str, *, timeout: float, max_connections: int = DEFAULT_MAX_CONN
 def subscriber(url: str, *, timeout: float) -> redis.Redis:
     """A client for one pub/sub connection: it waits for messages (no read timeout), pings to notice a loss."""
     return redis.Redis.from_url(url, socket_connect_timeout=timeout, health_check_interval=1, retry=no_retry())
+
+
+#: Tries of one WATCH/MULTI read-modify-write against concurrent writers before it gives up (each loses only to a
+#: write of what it read).
+MAX_TRIES = 50
+T = TypeVar("T")
+
+
+async def watched(client: redis.Redis, body: Callable[[Pipeline], Awaitable[T]], what: str) -> T:
+    """``body`` on a transaction pipeline (it WATCHes what it reads, then MULTI/EXECs its writes), again from the
+    start whenever a concurrent write to what it read fails the EXEC."""
+    async with client.pipeline(transaction=True) as pipe:
+        for _ in range(MAX_TRIES):
+            try:
+                return await body(pipe)
+            except WatchError:
+                await pipe.reset()  # type: ignore[no-untyped-call]  # redis-py leaves these untyped
+    raise RuntimeError(f"{what}: too many concurrent writers, try again")

@@ -15,7 +15,6 @@ from typing import TypeVar
 
 import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import WatchError
 
 from satgate_mcp.policy.upstream_grants import (
     PENDING_PER_OWNER,
@@ -25,11 +24,9 @@ from satgate_mcp.policy.upstream_grants import (
     ordered,
     taken,
 )
-from satgate_mcp.stores.redis.client import connect
+from satgate_mcp.stores.redis.client import connect, watched
 from satgate_mcp.stores.redis.policy import DEFAULT_PREFIX
 
-#: Tries of one read-modify-write against concurrent writers before it gives up (each loses only to a write).
-MAX_TRIES = 50
 T = TypeVar("T")
 
 
@@ -63,13 +60,7 @@ class RedisGrantStore:
         return f"{self._prefix}grants:{_owner_tag(owner)}"
 
     async def _watched(self, body: Callable[[Pipeline], Awaitable[T]]) -> T:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for _ in range(MAX_TRIES):
-                try:
-                    return await body(pipe)
-                except WatchError:
-                    await pipe.reset()  # type: ignore[no-untyped-call]  # redis-py leaves these untyped
-        raise RuntimeError("grant store: too many concurrent writers, try again")
+        return await watched(self._redis, body, "grant store")
 
     async def begin(self, pending: PendingAuthorization, now: float, per_owner: int = PENDING_PER_OWNER) -> bool:
         waiting = self._waiting_key(pending.owner)
