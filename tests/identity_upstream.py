@@ -7,7 +7,8 @@ listens. Every HTTP request must carry a JWT the authorization server signed (it
 
 - ``whoami``: the ``sub`` of the bearer token this very request carried;
 - ``identity``: the ``X-Satgate-Identity`` header as received ("" without one), for the test to verify;
-- ``sessions``: every ``Mcp-Session-Id`` seen with the subjects whose tokens came on it, and the 401s answered;
+- ``sessions``: every ``Mcp-Session-Id`` seen with the subjects whose tokens came on it, and the 401s answered
+  (``refused``; ``refused_posts`` those to POSTs);
 - ``reject_my_token``: the bearer token of this request is refused from now on (the upstream revoked it);
 - ``reject_me``: every token of this request's subject is refused from now on.
 """
@@ -33,6 +34,8 @@ class Seen:
     def __init__(self) -> None:
         self.sessions: dict[str, set[str]] = defaultdict(set)
         self.refused = 0
+        #: The refused POSTs alone (a listen stream's GET reconnecting with a refused token counts in ``refused``).
+        self.refused_posts = 0
         self.rejected: set[str] = set()
         self.rejected_subjects: set[str] = set()
 
@@ -64,6 +67,7 @@ def bearer_guard(app: Any, jwks: jwt.PyJWKClient, issuer: str, audience: str, se
                 raise jwt.InvalidTokenError("revoked here")
         except jwt.PyJWTError:
             seen.refused += 1
+            seen.refused_posts += scope.get("method") == "POST"
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"www-authenticate", b'Bearer error="invalid_token"')]})
             await send({"type": "http.response.body", "body": b""})
@@ -102,7 +106,8 @@ def build_server(seen: Seen) -> Server[Any]:
         elif params.name == "identity":
             text = _header(ctx, "x-satgate-identity")
         else:
-            text = json.dumps({"sessions": {k: sorted(v) for k, v in seen.sessions.items()}, "refused": seen.refused})
+            text = json.dumps({"sessions": {k: sorted(v) for k, v in seen.sessions.items()}, "refused": seen.refused,
+                               "refused_posts": seen.refused_posts})
         return types.CallToolResult.model_validate({"content": [{"type": "text", "text": text}]})
 
     return Server("identity-upstream", on_list_tools=list_tools, on_call_tool=call_tool)
