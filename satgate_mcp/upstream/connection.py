@@ -33,7 +33,7 @@ from satgate_mcp.upstream.base import (
 )
 from satgate_mcp.upstream.bridge import ask_client, input_refusal, moved_on_refusal
 from satgate_mcp.upstream.client_trace import client_attributes, traced_request
-from satgate_mcp.upstream.eras import ModernTwin, wants_modern_twin
+from satgate_mcp.upstream.eras import ModernTwin, Probe, wants_modern_twin
 from satgate_mcp.upstream.inbox import Inbox
 from satgate_mcp.upstream.wire import (
     LIST_METHODS,
@@ -51,34 +51,6 @@ from satgate_mcp.upstream.wire import (
 )
 
 SpecT = TypeVar("SpecT", StdioUpstreamSpec, HttpUpstreamSpec)
-
-
-def strip_client_credentials(params: JsonObj | None) -> JsonObj | None:
-    """Drop ``_meta.token`` so a client's bearer token never reaches an upstream."""
-    if not params or not isinstance(params.get("_meta"), dict) or "token" not in params["_meta"]:
-        return params
-    meta = {k: v for k, v in params["_meta"].items() if k != "token"}
-    out = dict(params)
-    if meta:
-        out["_meta"] = meta
-    else:
-        del out["_meta"]
-    return out
-
-
-def encode_message(message: JsonObj) -> bytes:
-    """The bytes of one message to an upstream, without the client's credentials.
-
-    Every request, notification and answer the gateway sends upstream, on either transport, is
-    encoded here, so this is where the no-token-passthrough rule is kept, and nothing bypasses it.
-    """
-    params = message.get("params")
-    if isinstance(params, dict):
-        stripped = strip_client_credentials(params)
-        if stripped is not params:
-            message = {**message, "params": stripped}
-    return jsonrpc.dumps(message)  # compact UTF-8, as json.dumps(ensure_ascii=False) wrote it
-
 
 
 class UpstreamConnection(Generic[SpecT]):
@@ -126,6 +98,8 @@ class UpstreamConnection(Generic[SpecT]):
         self._listen_enabled = True
         #: A modern connection whose listen stream was waited for in vain is not waited for again.
         self._never_acknowledged = False
+        #: The upstream answered ``server/discover`` without 2026-07-28 (dying or being down is no answer).
+        self.declined = False
 
     @property
     def modern(self) -> bool:
@@ -222,7 +196,12 @@ class UpstreamConnection(Generic[SpecT]):
                 return None
             self._twin = ModernTwin(self._seeded_twin, self._spec.timeout)
             self._twin.on_notification = self._inbox.on_notification
-        return await self._twin.get()
+        twin = await self._twin.get()
+        if isinstance(twin, UpstreamConnection) and not self._resource_subscriptions <= twin._resource_subscriptions:
+            # subscribed here while the twin was being found (seeded before): its filter catches up
+            twin._resource_subscriptions |= self._resource_subscriptions
+            await twin._relisten()
+        return twin
 
     def _changed_last(self) -> Upstream | None:
         """The 2026-07-28 side when its list change is the newest: a stdio twin is a second child, whose lists
@@ -232,14 +211,14 @@ class UpstreamConnection(Generic[SpecT]):
             return twin
         return None
 
-    def _seeded_twin(self) -> Upstream:
+    def _seeded_twin(self) -> Probe:
         """The 2026-07-28 side, its listen filter starting with every URI subscribed on this 2025 session."""
         twin = self._make_twin()
         if isinstance(twin, UpstreamConnection):
             twin._resource_subscriptions |= self._resource_subscriptions
         return twin
 
-    def _make_twin(self) -> Upstream:
+    def _make_twin(self) -> Probe:
         """A connection of the same transport to the same upstream that speaks 2026-07-28 only."""
         raise NotImplementedError
 

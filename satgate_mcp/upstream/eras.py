@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 import structlog
 
@@ -29,6 +29,24 @@ from satgate_mcp.upstream.base import (
 )
 
 Era = Literal["2025", "2026"]
+
+#: How many times an upstream's 2026-07-28 side is looked for when it never answered (its child died, it was down).
+MAX_PROBES = 3
+
+
+class Probe(Upstream, Protocol):
+    """A connection that can tell "not 2026-07-28" (an answer) from no answer at all."""
+
+    declined: bool
+
+
+def probe_final(found: bool, declined: bool, tries: int) -> bool:
+    """Whether the look for the 2026-07-28 side is over: found, refused by the upstream itself, or tried enough.
+
+    A child killed during ``server/discover``, or an upstream restarting just then, is no answer: the next 2026
+    client looks again, so one fault does not bridge every later 2026 client for the process's life.
+    """
+    return found or declined or tries >= MAX_PROBES
 
 
 def wants_modern_twin(protocol: str, primary_modern: bool, client: Era | None) -> bool:
@@ -74,14 +92,15 @@ class ModernTwin:
 
     A stdio server serves one era per connection (the SDK locks a pipe to the era of its first request),
     so over stdio the twin is a second child; over HTTP it is a sessionless connection to the same URL.
-    An upstream that does not answer ``server/discover`` is not asked again: its 2026 clients are bridged.
+    An upstream that answers ``server/discover`` without 2026-07-28 is not asked again: its 2026 clients are bridged.
     """
 
-    def __init__(self, make: Callable[[], Upstream], call_timeout: float) -> None:
+    def __init__(self, make: Callable[[], Probe], call_timeout: float) -> None:
         self._make = make
         self._settle = initialize_timeout(call_timeout)
         self._lock = asyncio.Lock()
         self._probed = False
+        self._tries = 0
         self._twin: Upstream | None = None
         self._closed = False
         self.on_notification: NotificationCallback | None = None
@@ -106,10 +125,12 @@ class ModernTwin:
             twin = self._make()
             await twin.start(self._forward)
             found = await twin.wait_settled(self._settle) and twin.modern
-            self._log.info("upstream_modern_side", upstream=twin.name, speaks_2026=found)
+            self._tries += 1
+            self._log.info("upstream_modern_side", upstream=twin.name, speaks_2026=found, declined=twin.declined,
+                           tries=self._tries)
             if not found:
                 await twin.close()
-            self._twin, self._probed = (twin if found else None), True
+            self._twin, self._probed = (twin if found else None), probe_final(found, twin.declined, self._tries)
             return self._twin
 
     async def _forward(self, method: str, params: JsonObj | None) -> None:

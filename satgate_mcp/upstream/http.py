@@ -26,10 +26,10 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.breaker import Breaker, call_outcome, circuit_open, upstream_breaker
-from satgate_mcp.upstream.connection import encode_message
 from satgate_mcp.upstream.http_channel import HttpChannel
 from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers, status_problem
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
+from satgate_mcp.upstream.outgoing import encode_message
 from satgate_mcp.upstream.wire import (
     MODERN_PROTOCOL_VERSION,
     RestartPolicy,
@@ -254,6 +254,7 @@ class HttpUpstream(HttpChannel):
             self._log.debug("upstream_discover_failed", error=str(exc) or type(exc).__name__)
             return False
         found = discovered_result(reply)
+        self.declined = found is None
         if found is None:
             return False
         self._modern, self._init_result, self._protocol_version = True, found, MODERN_PROTOCOL_VERSION

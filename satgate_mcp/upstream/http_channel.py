@@ -21,8 +21,9 @@ from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec
 from satgate_mcp.trace_context import inject_headers
-from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
+from satgate_mcp.upstream.connection import UpstreamConnection
 from satgate_mcp.upstream.http_rules import JSON_AND_SSE, request_headers
+from satgate_mcp.upstream.outgoing import encode_message
 from satgate_mcp.upstream.wire import RestartPolicy, SseDecoder, clip, modern_headers
 
 #: Resumptions of a paused call stream in a row that may bring nothing new before the call fails.

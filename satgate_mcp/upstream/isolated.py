@@ -43,6 +43,7 @@ from satgate_mcp.upstream.base import (
     initialize_timeout,
 )
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
+from satgate_mcp.upstream.restore import ask_again, note_subscription, restore_asks
 from satgate_mcp.upstream.stdio import StdioUpstream
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -118,6 +119,8 @@ class _Child:
     level: str | None = None
     #: Whether it was ready once (until then a request waits for the handshake, not the restart grace).
     started: bool = False
+    #: The URIs its owner's sessions subscribed to on it: asked again of it after it restarts.
+    subscribed: set[str] = field(default_factory=set)
 
 
 class IsolatedUpstream:
@@ -211,7 +214,9 @@ class IsolatedUpstream:
         child.inflight += 1
         try:
             await self._apply_level(child)
-            return await child.upstream.request(method, params, on_progress=on_progress, timeout=timeout)
+            reply = await child.upstream.request(method, params, on_progress=on_progress, timeout=timeout)
+            note_subscription(child.subscribed, method, params, reply)
+            return reply
         finally:
             child.inflight -= 1
             child.last_used = self._clock()
@@ -290,11 +295,19 @@ class IsolatedUpstream:
     async def _child_notice(self, child: _Child, method: str, params: JsonObj | None) -> None:
         """What a client child says about itself. The catalogue is the catalogue child's, so its list changes
         are not the pool's; a (re)started child has lost the level it was set to; a resource update is for the
-        sessions subscribed on this child alone (its origin says which child)."""
+        sessions subscribed on this child alone (its origin says which child). Its subscriptions are asked again
+        of a restarted child; its level on the owner's next request."""
         if method == RELIST_NOTIFICATION:
             child.level = None
+            if child.started and child.subscribed:  # a restart: the new child has none of them
+                task = asyncio.create_task(self._resubscribe(child))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
         elif method == RESOURCE_UPDATED and self.on_resource_updated is not None:
             self.on_resource_updated(params, (self.name, child.key))
+
+    async def _resubscribe(self, child: _Child) -> None:
+        await ask_again(child.upstream, restore_asks(None, child.subscribed), self._log.bind(owner=child.key))
 
     async def _apply_level(self, child: _Child) -> None:
         """The most verbose level the owner's sessions asked for, once per change (when the upstream logs)."""

@@ -27,6 +27,7 @@ from satgate_mcp.upstream.eras import client_era, resource_error_in_era
 from satgate_mcp.upstream.identity import UpstreamIdentity
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 from satgate_mcp.upstream.listings import UpstreamListings
+from satgate_mcp.upstream.restore import ask_again, restore_asks
 from satgate_mcp.upstream.surface import merged_capabilities, unlisted_tool
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -374,19 +375,9 @@ class UpstreamPool(UpstreamListings):
         upstream = self._upstreams[name]
         if upstream.modern or name in self._isolated:
             return  # a 2026 upstream's level rides on each request; an isolated one restores each child itself
-        asks: list[tuple[str, JsonObj]] = []
-        if self._log_level is not None and self._offers(name, "logging"):
-            asks.append(("logging/setLevel", {"level": self._log_level}))
-        asks += [("resources/subscribe", {"uri": uri}) for uri in sorted(self._subscribed[name])]
-        for method, params in asks:
-            try:
-                reply = await upstream.request(method, params)
-            except UpstreamUnavailable as exc:
-                log.warning("upstream_restore_failed", upstream=name, method=method, error=exc.message)
-                return
-            if "error" in reply:
-                log.warning("upstream_restore_refused", upstream=name, method=method, error=reply.get("error"))
-        if asks:
+        level = self._log_level if self._offers(name, "logging") else None
+        asks = restore_asks(level, self._subscribed[name])
+        if asks and await ask_again(upstream, asks, log.bind(upstream=name)):
             log.info("upstream_state_restored", upstream=name, log_level=self._log_level,
                      subscriptions=len(self._subscribed[name]))
 

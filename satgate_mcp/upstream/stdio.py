@@ -23,8 +23,9 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.child_output import LINE_LIMIT, Dropped, answered_id, parse_line, read_line, unreadable_reply
-from satgate_mcp.upstream.connection import UpstreamConnection, encode_message
+from satgate_mcp.upstream.connection import UpstreamConnection
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
+from satgate_mcp.upstream.outgoing import encode_message
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
     cancelled_params,
@@ -199,13 +200,14 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         """The era ``protocol`` asks for: the handshake first (``auto``), or ``server/discover`` first (``2026``)."""
         self._modern = False
         protocol = self._spec.protocol
-        discovered = await self._discover() if protocol == "2026" and not self._skip_discover else None
+        asks_first = protocol == "2026" and (self._discover_only or not self._skip_discover)
+        discovered = await self._discover() if asks_first else None
         if discovered is None and self._discover_only:
             raise UpstreamUnavailable(f"upstream {self.name!r} does not answer server/discover")
         if discovered is None:
             reply = await self._roundtrip("initialize", initialize_params(), initialize_timeout(self._spec.timeout),
                                           None)
-            if protocol == "auto" and "error" in reply:  # refused: perhaps a 2026-07-28-only child
+            if protocol != "2025" and "error" in reply:  # refused: perhaps a 2026-07-28-only child
                 discovered = await self._discover()
                 if discovered is None:
                     check_initialize_result(reply)  # raises, naming the handshake's refusal
@@ -243,16 +245,20 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         """The modern result, or None for a 2025 child; a child that dies or stays silent is not asked again.
 
         Some 2025 servers exit on any request before ``initialize``: asking each restart would never get one up.
+        A twin asks nothing else, so it asks again; a 2026-07-28 child killed meanwhile is found again when it
+        refuses the handshake.
         """
         try:
-            return discovered_result(await self._roundtrip(
+            found = discovered_result(await self._roundtrip(
                 "server/discover", discover_params(), discover_timeout(self._spec.timeout), None))
         except UpstreamTimeout:
-            self._skip_discover = True
+            self._skip_discover = self.declined = True
             return None
         except UpstreamUnavailable:
-            self._skip_discover = True
+            self._skip_discover = not self._discover_only
             raise
+        self.declined = found is None
+        return found
 
     async def _stop_child(self, proc: asyncio.subprocess.Process) -> None:
         """EOF on stdin, then SIGTERM, then SIGKILL to the whole group; always reaped."""

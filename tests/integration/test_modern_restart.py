@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -116,3 +117,28 @@ async def test_a_2026_http_upstream_killed_and_started_again_is_asked_again_for_
             await still_subscribed_and_at_its_level(agent)
     finally:
         upstream.stop()
+
+
+@pytest.mark.parametrize(("era", "isolation"), [("both", "shared"), ("2025", "session"), ("2026", "session"),
+                                                 ("both", "session")])
+async def test_a_crashed_child_of_any_era_or_isolation_is_asked_again_for_the_subscribed_uri(
+        era: str, isolation: str) -> None:
+    """A dual-revision child, and a session's own child (isolation) of each era, keep what the session set."""
+    settings = gateway_settings({"alpha": stdio_upstream("--name", "alpha", "--era", era, isolation=isolation)})
+    async with serving(settings) as url, connect(url) as agent:
+        assert agent.session is not None
+        await asyncio.wait_for(agent.session.subscribe_resource(URI), CALL_TIMEOUT)
+        await asyncio.wait_for(agent.session.set_logging_level("error"), CALL_TIMEOUT)
+        with pytest.raises(MCPError):
+            await agent.call("crash")
+        await still_subscribed_and_at_its_level(agent)
+        if era != "2026":  # a 2025 session's child announces a touch to its caller anyway: ask it what it holds
+            assert URI in json.loads(await text_of(agent, "stream_subscribed"))
+
+
+async def text_of(agent: Agent, tool: str) -> str:
+    assert agent.session is not None
+    result = await asyncio.wait_for(agent.session.call_tool(tool, {}), CALL_TIMEOUT)
+    [content] = result.content
+    assert isinstance(content, types.TextContent)
+    return content.text

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.upstream.connection import encode_message
+from satgate_mcp.upstream.outgoing import encode_message
 
 BEARER = "client-bearer-secret"
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import structlog
@@ -472,3 +473,76 @@ async def test_a_modern_childs_resource_updates_arrive_for_subscribed_uris_also_
         assert updates.get_nowait() == "memo://m/readme"
     finally:
         await upstream.close()
+
+
+#: Runs the test upstream, except that the ``die_at``-th process started from it dies on its first request, as a
+#: child killed (OOM, a chaos run) while it was asked ``server/discover``.
+DIES_ONCE = """
+import os, sys
+count_file, die_at, *command = sys.argv[1:]
+with open(count_file, "a+") as f:
+    f.write("x")
+    f.seek(0)
+    launch = len(f.read())
+if launch == int(die_at):
+    sys.stdin.readline()
+    os._exit(9)
+os.execv(command[0], command)
+"""
+
+
+def _dies_once(tmp_path: Path, die_at: int, *args: str, protocol: str) -> StdioUpstream:
+    command = [sys.executable, "-c", DIES_ONCE, str(tmp_path / "launches"), str(die_at), *upstream_command(*args)]
+    spec = StdioUpstreamSpec.model_validate({"transport": "stdio", "command": command, "timeout": 10.0,
+                                             "protocol": protocol})
+    return StdioUpstream("m", spec, publisher=RecordingPublisher(), metrics=Metrics(),
+                         restart_policy=wire.RestartPolicy(base=0.01))
+
+
+@pytest.mark.process
+async def test_a_2026_child_killed_during_discover_comes_back_as_2026(tmp_path: Path) -> None:
+    """Its successor refuses the handshake the dead one's discover made the gateway fall back to: asked again."""
+    upstream = _dies_once(tmp_path, 1, "--modern-only", protocol="2026")
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        assert upstream.modern is True
+        assert upstream.restarts == 1
+        reply = await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "back"}})
+    finally:
+        await upstream.close()
+    assert reply["result"]["content"][0]["text"] == "back"
+
+
+@pytest.mark.process
+async def test_a_dual_upstreams_2026_side_killed_while_looked_for_is_looked_for_again(tmp_path: Path) -> None:
+    """The first 2026 client meets the dead probe and is bridged; the next one gets the upstream's own 2026 side."""
+    upstream = _dies_once(tmp_path, 2, "--era", "both", protocol="auto")  # launch 1: the 2025 side, 2: its twin
+    await upstream.start(_noop)
+    call = {"name": "mrtr_ask", "arguments": {"question": "q"}}
+    try:
+        assert await upstream.wait_ready(20)
+        with contextlib.suppress(UpstreamUnavailable):
+            await upstream.request("tools/call", call, on_progress=FakeCarrier())
+        reply = await upstream.request("tools/call", call, on_progress=FakeCarrier())
+    finally:
+        await upstream.close()
+    assert reply["result"]["resultType"] == "input_required"  # asked in the client's own era, not bridged
+
+
+@pytest.mark.process
+async def test_a_uri_subscribed_while_the_2026_side_is_looked_for_joins_its_listen_filter() -> None:
+    """The 2026-07-28 side is seeded with the URIs held when it is made; one subscribed meanwhile is not lost."""
+    upstream = _stdio("--era", "both")
+    await upstream.start(_noop)
+    try:
+        assert await upstream.wait_ready(20)
+        probe = asyncio.ensure_future(upstream.listening(20))  # the first 2026 client: the twin child is started
+        await upstream.request("resources/subscribe", {"uri": "memo://m/readme"})  # a 2025 session, meanwhile
+        await probe
+        await upstream.request("tools/call", {"name": "echo", "arguments": {"text": "x"}}, on_progress=FakeCarrier())
+        twin = upstream._twin.current if upstream._twin is not None else None
+    finally:
+        await upstream.close()
+    assert isinstance(twin, StdioUpstream)
+    assert twin.resource_subscriptions == ["memo://m/readme"]
