@@ -1,10 +1,11 @@
-"""``satgate-mcp credentials list|revoke``: the grants users gave ``"oauth_user"`` upstreams through the gateway.
+"""``satgate-mcp credentials list|revoke|authorize``: users' grants to ``"oauth_user"`` upstreams.
 
 The commands read the store the daemons use (``SATGATE_REDIS_URL``, else the state folder's database a daemon made),
 like ``approvals``. ``list`` shows whose grant is kept for which upstream, when it was given and last refreshed,
 never the sealed token itself. ``revoke SUBJECT [UPSTREAM]`` forgets the subject's grant for one upstream, or all of
 its grants: every daemon reads the store on each call, so the next call asks the user to authorize again. (The
-authorization server may still honour the refresh token until it is revoked there too.)
+authorization server may still honour the refresh token until it is revoked there too.) ``authorize`` starts a
+grant from the command line (cli_authorize.py): how an upstream's ``catalogue_subject`` gets the grant its listings use.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from satgate_mcp.cli_authorize import authorize_main
 from satgate_mcp.cli_tools import PinSettings, open_store
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.policy.upstream_grants import GrantStore, StoredGrant
@@ -38,6 +40,12 @@ def add_parser(commands: Any) -> None:
     revoke.add_argument("subject", metavar="SUBJECT", help="the token id (header mode) or OAuth subject")
     revoke.add_argument("upstream", metavar="UPSTREAM", nargs="?", help="only this upstream's grant")
     revoke.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+    authorize = actions.add_parser("authorize", help="print the URL that gives an oauth_user upstream a subject's "
+                                                     "grant (its catalogue_subject's, by default)")
+    authorize.add_argument("upstream", metavar="UPSTREAM", help="the oauth_user upstream's name")
+    authorize.add_argument("--subject", metavar="SUBJECT", help="whose grant (default: the upstream's "
+                                                                "catalogue_subject)")
+    authorize.add_argument("--config", type=Path, metavar="PATH", help="env-style file to read the settings from")
 
 
 def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
@@ -46,7 +54,9 @@ def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
 
 
 def main(args: argparse.Namespace) -> ExitCode:
-    """Run ``credentials list`` or ``revoke``."""
+    """Run ``credentials list``, ``revoke`` or ``authorize``."""
+    if args.credentials_command == "authorize":
+        return authorize_main(args)
     opened = open_store(args, PinSettings, cli_grants)
     if isinstance(opened, ExitCode):
         return opened

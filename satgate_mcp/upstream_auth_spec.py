@@ -163,6 +163,17 @@ class OAuthUserSpec(_ClientSpec):
     #: RFC 8707 resource indicator: default the resource metadata's ``resource``, else the upstream's URL.
     resource: str | None = None
     scope: str | None = None
+    #: Whose grant the gateway's own requests (tool listings) use, for a server with no client credentials grant
+    #: (a code host's has none): a token id (header mode) or OAuth subject, authorized once with
+    #: ``satgate-mcp credentials authorize``. Unset: the client credentials grant at the same server.
+    catalogue_subject: str | None = None
+
+    @field_validator("catalogue_subject")
+    @classmethod
+    def _subject(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable()):
+            raise ValueError('"catalogue_subject" is a token id or subject: 1 to 256 printable characters')
+        return value
 
     @field_validator("authorization_server", "authorization_endpoint", "token_endpoint")
     @classmethod

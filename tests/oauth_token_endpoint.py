@@ -43,6 +43,8 @@ class TokenEndpoint:
         self.ttl = 300
         #: An ``error`` code every grant is refused with, while set.
         self.refuse: str | None = None
+        #: Grant types answered ``unsupported_grant_type`` (a code host's server has no client credentials grant).
+        self.unsupported: set[str] = set()
         #: While set and not yet set-to-go, answers wait for it (a slow server, or one held to pile calls up).
         self.hold: asyncio.Event | None = None
         #: Requests by grant type (refused ones included) and the subjects each exchange was for.
@@ -74,6 +76,8 @@ class TokenEndpoint:
         self.clients.append(client)
         if self.refuse is not None:
             return _refusal(self.refuse)
+        if grant in self.unsupported:
+            return _refusal("unsupported_grant_type")
         if grant == "client_credentials":
             return self._issue(client, fields, client)
         if grant == TOKEN_EXCHANGE:

@@ -7,11 +7,14 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from satgate_mcp import cli
+from satgate_mcp.cli_authorize import authorization_problem
 from satgate_mcp.policy.upstream_grants import StoredGrant
+from satgate_mcp.settings import Settings
 from satgate_mcp.stores.sqlite import LocalState
 from satgate_mcp.stores.sqlite.grants import SqliteGrantStore
 
@@ -90,3 +93,30 @@ def test_memory_state_has_no_grants_to_list(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("SATGATE_STATE_DIR", "memory")
     assert cli.main(["credentials", "list"]) == 2
     assert "no credential store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("change", "subject", "why"), [
+    ({}, None, None),
+    ({}, "someone", None),
+    ({"auth": {"type": "client_credentials", "token_endpoint": "https://as.example.com/token", "client_id": "c",
+               "client_secret_env": "S"}}, None, "oauth_user"),
+    ({"catalogue_subject": None}, None, "--subject"),
+    ({"public_url": None}, None, "SATGATE_PUBLIC_URL"),
+])
+def test_credentials_authorize_says_why_it_cannot_start(change: dict[str, Any], subject: str | None,
+                                                         why: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("S", "client-secret")
+    auth: dict[str, Any] = {"type": "oauth_user", "client_id": "c", "client_secret_env": "S",
+                            "authorization_endpoint": "https://as.example.com/authorize",
+                            "token_endpoint": "https://as.example.com/token", "catalogue_subject": "bot"}
+    if "catalogue_subject" in change:
+        del auth["catalogue_subject"]
+    upstream: dict[str, Any] = {"transport": "http", "url": "https://up.example.com/mcp",
+                                "auth": change.get("auth", auth)}
+    values: dict[str, Any] = {"auth_mode": "header", "root_key": "r" * 40, "state_dir": "memory",
+                              "upstreams": {"codehost": upstream}, "credential_key": "ab" * 32,
+                              "public_url": "https://gw.example.com"}
+    values.update({k: v for k, v in change.items() if k in ("credential_key", "public_url")})
+    problem = authorization_problem(Settings(**{k: v for k, v in values.items() if v is not None}), "codehost",
+                                    subject)
+    assert (problem is None) if why is None else (problem is not None and why in problem)

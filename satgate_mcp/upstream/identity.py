@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.policy.upstream_grants import GrantStore
 from satgate_mcp.upstream.credential import CallerCredential
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey, identity_claims
 from satgate_mcp.upstream.token_client import IssuedToken, TokenClient
-from satgate_mcp.upstream.user_grants import UserGrants
+from satgate_mcp.upstream.user_grants import AuthorizationNeeded, UserGrants, catalogue_credential
 from satgate_mcp.upstream_auth_spec import AuthSpec, ClientCredentialsSpec, per_caller
 
 #: A cached token is replaced this many seconds before the server said it expires.
@@ -216,8 +217,8 @@ class UpstreamAuth:
             assert self.user is not None
             token = await self.user.access_token(caller, partial(self.cache.get, self._key(caller, grant),
                                                                  owners=owners))
-        elif self.user is not None:  # an oauth_user upstream's own requests: its server's client credentials
-            token = await self.cache.get(self._key(caller, grant), None, self.user.own_token)
+        elif self.user is not None:
+            token = await self._catalogue_token(self.user)
         else:
             token = await self.cache.get(self._key(caller, grant), None, self.client.client_credentials)
         headers = {"Authorization": f"Bearer {token}"}
@@ -229,9 +230,28 @@ class UpstreamAuth:
             headers[IDENTITY_HEADER] = self._identity_key.sign(claims)
         return headers
 
+    async def _catalogue_token(self, user: UserGrants) -> str:
+        """An ``oauth_user`` upstream's own requests (its listings): the catalogue subject's grant when the spec
+        names one, else the client credentials grant at the same server."""
+        subject = user.spec.catalogue_subject
+        if subject is None:
+            return await self.cache.get(self._key(None, "client_credentials"), None, user.own_token)
+        try:
+            return await user.access_token(catalogue_credential(subject),
+                                           partial(self.cache.get, self._catalogue_key(), owners=(subject,)))
+        except AuthorizationNeeded:
+            raise UpstreamUnavailable(
+                f"upstream {self.name!r} lists its tools with the grant of {subject!r}, which has not authorized it "
+                f"yet: run `satgate-mcp credentials authorize {self.name}` and open the URL as {subject!r}",
+                {"reason": "catalogue_not_authorized", "upstream": self.name}, sent=False) from None
+
+    def _catalogue_key(self) -> CacheKey:
+        subject = self.user.spec.catalogue_subject if self.user is not None else None
+        return self._key(None, "client_credentials") if subject is None else (subject, self.name, self.spec.scope or "")
+
     def own_token_expires(self) -> float | None:
         """When the gateway's own cached token expires (monotonic seconds), None when none is cached."""
-        return self.cache.expires_at(self._key(None, "client_credentials"))
+        return self.cache.expires_at(self._catalogue_key())
 
     def forget(self, caller: CallerCredential | None, headers: dict[str, str]) -> bool:
         """The upstream refused the token in ``headers``: the next request fetches another."""

@@ -81,6 +81,12 @@ def owner_of(caller: CallerCredential) -> str:
     return caller.subject
 
 
+def catalogue_credential(subject: str) -> CallerCredential:
+    """The spec's ``catalogue_subject`` as a caller: no token of its own (nothing is exchanged or forwarded), only
+    the owner whose grant lists the tools, and whom ``credentials authorize`` asks to authorize."""
+    return CallerCredential(token="", token_id=subject, subject=subject)
+
+
 def pkce_pair() -> tuple[str, str]:
     """RFC 7636: a 256-bit verifier and its S256 challenge."""
     verifier = secrets.token_urlsafe(32)
