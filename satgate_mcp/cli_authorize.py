@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from satgate_mcp.config_problems import format_errors
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.policy.upstream_grants import STATE_TTL_SECONDS
+from satgate_mcp.oauth_grants import STATE_TTL_SECONDS
 from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import cli_grants
 from satgate_mcp.upstream.credential_box import CredentialBox

@@ -21,7 +21,7 @@ from typing import Any
 from satgate_mcp.cli_authorize import authorize_main
 from satgate_mcp.cli_tools import PinSettings, open_store
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.policy.upstream_grants import GrantStore, StoredGrant
+from satgate_mcp.oauth_grants import GrantStore, StoredGrant
 from satgate_mcp.stores import cli_grants
 
 PROG = "satgate-mcp"

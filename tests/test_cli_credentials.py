@@ -13,7 +13,7 @@ import pytest
 
 from satgate_mcp import cli
 from satgate_mcp.cli_authorize import authorization_problem
-from satgate_mcp.policy.upstream_grants import StoredGrant
+from satgate_mcp.oauth_grants import StoredGrant
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.sqlite import LocalState
 from satgate_mcp.stores.sqlite.grants import SqliteGrantStore

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from satgate_mcp.auth.revocation import RevocationSettings, RevocationStore, UnionRevocationStore
 from satgate_mcp.errors import ConfigError
+from satgate_mcp.oauth_grants import GrantStore
 from satgate_mcp.policy.admissions import Admissions
 from satgate_mcp.policy.approvals import ApprovalStore
 from satgate_mcp.policy.budget import BudgetStore
@@ -28,7 +29,6 @@ from satgate_mcp.policy.duplicates import DuplicateStore
 from satgate_mcp.policy.limits import RateLimiter
 from satgate_mcp.policy.pins import PinStore
 from satgate_mcp.policy.spend import SpendStore
-from satgate_mcp.policy.upstream_grants import GrantStore
 from satgate_mcp.sessions import TombstoneStore
 from satgate_mcp.stores.errors import STORE_ERRORS
 from satgate_mcp.stores.files import FileRevocationStore

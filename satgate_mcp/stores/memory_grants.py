@@ -5,7 +5,7 @@ Every operation runs without an ``await`` inside, so on one event loop each is a
 
 from __future__ import annotations
 
-from satgate_mcp.policy.upstream_grants import (
+from satgate_mcp.oauth_grants import (
     PENDING_PER_OWNER,
     PendingAuthorization,
     StoredGrant,

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Literal
 
 from satgate_mcp.errors import UpstreamUnavailable
-from satgate_mcp.policy.upstream_grants import GrantStore
+from satgate_mcp.oauth_grants import GrantStore
 from satgate_mcp.upstream.credential import CallerCredential
 from satgate_mcp.upstream.signing import IDENTITY_HEADER, SigningKey, identity_claims
 from satgate_mcp.upstream.token_client import IssuedToken, TokenClient

@@ -31,7 +31,7 @@ import structlog
 from satgate_mcp import events
 from satgate_mcp.errors import GatewayError, UpstreamAuthFailed, store_unavailable
 from satgate_mcp.events import Publisher
-from satgate_mcp.policy.upstream_grants import (
+from satgate_mcp.oauth_grants import (
     STATE_TTL_SECONDS,
     GrantStore,
     PendingAuthorization,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as redis
 
-from satgate_mcp.policy.upstream_grants import (
+from satgate_mcp.oauth_grants import (
     STATE_TTL_SECONDS,
     GrantStore,
     PendingAuthorization,

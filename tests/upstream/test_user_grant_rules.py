@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from satgate_mcp.policy.upstream_grants import PendingAuthorization, callback_refusal, taken
+from satgate_mcp.oauth_grants import PendingAuthorization, callback_refusal, taken
 from satgate_mcp.upstream.as_discovery import (
     DiscoveryProblem,
     Endpoints,

@@ -16,7 +16,7 @@ from typing import TypeVar
 import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 
-from satgate_mcp.policy.upstream_grants import (
+from satgate_mcp.oauth_grants import (
     PENDING_PER_OWNER,
     PendingAuthorization,
     StoredGrant,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from satgate_mcp.policy.upstream_grants import (
+from satgate_mcp.oauth_grants import (
     PENDING_PER_OWNER,
     PendingAuthorization,
     StoredGrant,
