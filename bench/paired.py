@@ -19,7 +19,8 @@ from typing import Any
 
 from bench.client import Client, client_session
 from bench.load import WARMUP_SECONDS, load_phase
-from bench.processes import Auth, Gateway, make_auth, stop_all
+from bench.phases import INSTRUCTION_WORKERS, counted_calls
+from bench.processes import Auth, CallgrindGateway, Gateway, make_auth, stop_all
 from bench.stats import median
 
 PLAIN = "gateway-header"
@@ -72,6 +73,12 @@ def render(result: dict[str, Any], variant: Variant) -> str:
     verdict = {True: "within", False: "OVER", None: "unmeasured:"}[result["within_allowance"]]
     rows.append(f"{variant.label}: {extra:+.4f} ms of gateway CPU per call ({verdict} the {variant.allowed_ms} ms "
                 "allowed)")
+    counted = result.get("instructions")
+    if counted is not None:
+        per_call = ", ".join(f"{t} {n:,.0f}" for t, n in counted["per_call"].items())
+        rows.append(f"instructions per call (callgrind, user space): {per_call}; {variant.label}: "
+                    f"{counted['extra_per_call']:+,.0f} = {counted['extra_ms_at_plain_rate']:+.4f} ms at the plain "
+                    "gateway's CPU per instruction in this run")
     return "\n".join(rows)
 
 
@@ -106,7 +113,31 @@ async def run(args: argparse.Namespace, workdir: Path, variant: Variant) -> dict
         for target in variant.targets if round_no % 2 else reversed(variant.targets):
             print(f"bench: round {round_no}/{args.rounds}: {target}", file=sys.stderr, flush=True)
             rounds.append(await one_round(target, round_no, args, workdir, variant))
-    return {**summary(rounds, variant), "rounds": rounds}
+    result = {**summary(rounds, variant), "rounds": rounds}
+    if getattr(args, "instructions", 0):
+        result["instructions"] = await counted_pair(args, workdir, variant, result[PLAIN]["cpu_ms_per_call"])
+    return result
+
+
+async def counted_pair(args: argparse.Namespace, workdir: Path, variant: Variant, plain_cpu_ms: float
+                       ) -> dict[str, Any]:
+    """The pair under callgrind: instructions per call of each, the difference, and that difference in ms at the
+    plain gateway's own CPU ms per instruction in this run. Instructions do not move with the machine's noise (a
+    null pair differs by ±0.02 ms on shared cores); what they leave out is the kernel's share (write, fsync), and work
+    done once per batch (the audit writer's) counts about once per call, since calls are fifty times slower there."""
+    counts = {}
+    for target in variant.targets:
+        print(f"bench: instructions: {target}", file=sys.stderr, flush=True)
+        on = target == variant.target
+        auth = make_auth("header", INSTRUCTION_WORKERS, controls=variant.controls if on else None)
+        env = {"SATGATE_STATE_DIR": "memory", **(variant.env(workdir) if on else {})}
+        server = CallgrindGateway(auth, args.log_level, workdir, name=f"{target}-callgrind", extra_env=env)
+        counts[target] = await counted_calls(server, list(auth.tokens), args.instructions)
+    extra = counts[variant.target]["per_call"] - counts[PLAIN]["per_call"]
+    ms_per_instruction = plain_cpu_ms / counts[PLAIN]["per_call"]
+    return {"per_call": {t: c["per_call"] for t, c in counts.items()}, "extra_per_call": extra,
+            "extra_ms_at_plain_rate": extra * ms_per_instruction,
+            "errors": sum(c["errors"] for c in counts.values())}
 
 
 def main_paired(args: argparse.Namespace, variant: Variant) -> int:

@@ -294,11 +294,18 @@ async def instruction_phase(cfg: CompareConfig, target: str) -> dict[str, Any]:
         auth = make_auth(target, INSTRUCTION_WORKERS)
         server = CallgrindGateway(auth, cfg.log_level, cfg.workdir, name=f"gateway-callgrind-{target}",
                                   extra_env=cfg.gateway_env())
-        tokens = auth.tokens
-    per_worker = max(1, cfg.instruction_calls // INSTRUCTION_WORKERS)
+        tokens = list(auth.tokens)
+    return await counted_calls(server, tokens, cfg.instruction_calls)
+
+
+async def counted_calls(server: CallgrindGateway | CallgrindUpstream, tokens: list[str | None], calls: int
+                        ) -> dict[str, Any]:
+    """Start ``server`` under callgrind, warm it up, then count the instructions of ``calls`` calls (one session
+    per token, a worker each)."""
+    per_worker = max(1, calls // len(tokens))
     server.start()
     try:
-        async with client_session(INSTRUCTION_WORKERS) as http:
+        async with client_session(len(tokens)) as http:
             await server.wait_ready(http)
             client = Client(http, server.mcp_url)
             sessions = [await client.open(token) for token in tokens]
@@ -318,6 +325,6 @@ async def instruction_phase(cfg: CompareConfig, target: str) -> dict[str, Any]:
             total = await asyncio.to_thread(server.instructions)
     finally:
         server.stop()
-    calls = per_worker * INSTRUCTION_WORKERS
-    return {"calls": calls, "errors": errors, "instructions": total,
-            "per_call": total / calls if total is not None else math.nan}
+    counted = per_worker * len(tokens)
+    return {"calls": counted, "errors": errors, "instructions": total,
+            "per_call": total / counted if total is not None else math.nan}

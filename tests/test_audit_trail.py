@@ -212,7 +212,7 @@ def test_audit_verify_exits_0_on_a_whole_trail_and_1_naming_the_first_break(
     trail = tmp_path / "audit.jsonl"
     prev, text = "0" * 64, []
     for n in range(5):
-        line = seal({"event": "tool_call", "n": n}, n + 1, prev)
+        line = seal({"event": "tool_call", "n": n}, n + 1, prev).decode()
         text.append(line)
         prev = line_hash(line)
     trail.write_text("\n".join(text) + "\n")

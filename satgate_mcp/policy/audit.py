@@ -40,9 +40,9 @@ REFUSALS = frozenset({
 })
 
 
-def line_hash(line: str) -> str:
-    """What the next line's ``prev`` must be: the SHA-256 of this line's text (without its newline)."""
-    return hashlib.sha256(line.encode("utf-8", "surrogatepass")).hexdigest()
+def line_hash(line: str | bytes) -> str:
+    """What the next line's ``prev`` must be: the SHA-256 of this line's UTF-8 bytes (without its newline)."""
+    return hashlib.sha256(line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def canonical(value: object) -> bytes:
@@ -56,13 +56,9 @@ def canonical(value: object) -> bytes:
             "utf-8", "surrogatepass")
 
 
-def args_fields(arguments: object, mode: ArgsMode) -> JsonObj:
-    """The call's arguments as the operator chose to keep them: a digest (default), in full, or not at all."""
-    if mode == "none":
-        return {}
-    if mode == "full":
-        return {"args": arguments}
-    return {"args_sha256": hashlib.sha256(canonical(arguments)).hexdigest()}
+def args_digest(arguments: object) -> str:
+    """``args_sha256``: the SHA-256 of the arguments' canonical form."""
+    return hashlib.sha256(canonical(arguments)).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +100,12 @@ def timestamp(wall: float) -> str:
     return f"{text}.{min(999, round((wall - whole) * 1_000_000) // 1000):03d}Z"
 
 
-def seal(record: Mapping[str, Any], seq: int, prev: str) -> str:
-    """The line for ``record``: its fields, then ``seq`` and ``prev`` last (so the chain reads at the line's end)."""
-    return dumps({**record, "seq": seq, "prev": prev}).decode("utf-8", "surrogatepass")
+def seal(record: Mapping[str, Any], seq: int, prev: str) -> bytes:
+    """The line for ``record`` (UTF-8, no newline): its fields, then ``seq`` and ``prev`` last (so the chain reads at
+    the line's end). A ``dict`` is the writer's own, and is completed in place rather than copied."""
+    line = record if isinstance(record, dict) else dict(record)
+    line["seq"], line["prev"] = seq, prev
+    return dumps(line)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from satgate_mcp import events, jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.guards import REMOTE_ADDR, ClientFacts
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.policy.audit import AUDITED_METHODS, ArgsMode, args_fields, outcome_of, timestamp
+from satgate_mcp.policy.audit import AUDITED_METHODS, ArgsMode, args_digest, outcome_of, timestamp
 
 #: Seconds a client is told to wait when the trail cannot take its call.
 AUDIT_RETRY_AFTER_SECONDS = 1
@@ -59,8 +59,11 @@ class Auditor:
 
     async def around(self, request: jsonrpc.Request, identity: Identity, session_id: str, client: ClientFacts | None,
                      upstream_of: Callable[[str, str], str | None], run: Callable[[], Awaitable[JsonObj]]) -> JsonObj:
-        """Run one audited call (or refuse it, closed mode, when the trail cannot take it) and record it."""
-        event, field, param = AUDITED_METHODS[request.method]
+        """Run one audited call (or refuse it, closed mode, when the trail cannot take it) and record it.
+
+        On every audited call's path: one dict built in place, no helper dicts merged into it."""
+        method = request.method
+        event, field, param = AUDITED_METHODS[method]
         params = request.params or {}
         target = params.get(param)
         target = target[:1000] if isinstance(target, str) else None
@@ -70,16 +73,23 @@ class Auditor:
         else:
             reply = await run()
         outcome = outcome_of(reply)
+        sink = self.sink
         record: dict[str, Any] = {
-            "ts": timestamp(self.sink.wall_clock()), "event": event, **_who(identity),
-            "session": session_id or None, "client": _client(client),
-            "upstream": upstream_of(request.method, target) if target is not None else None, field: target,
-            **(args_fields(params.get("arguments", {}), self._args) if request.method != "resources/read" else {}),
-            "decision": outcome.decision, "rule": outcome.rule, "outcome": outcome.outcome, "code": outcome.code,
-            "reason": outcome.reason, "duration_ms": round((self._clock() - started) * 1000, 2),
-            "cost": self._cost(request.method, target, outcome.outcome),
-        }
-        self.sink.submit(record)
+            "ts": timestamp(sink.wall_clock()), "event": event, "token_id": identity.token_id,
+            "tenant": identity.tenant, "subject": identity.subject, "session": session_id or None,
+            "client": _client(client),
+            "upstream": upstream_of(method, target) if target is not None else None, field: target}
+        if method != "resources/read" and self._args != "none":
+            arguments = params.get("arguments", {})
+            if self._args == "full":
+                record["args"] = arguments
+            else:
+                record["args_sha256"] = args_digest(arguments)
+        record["decision"], record["rule"], record["outcome"] = outcome.decision, outcome.rule, outcome.outcome
+        record["code"], record["reason"] = outcome.code, outcome.reason
+        record["duration_ms"] = round((self._clock() - started) * 1000, 2)
+        record["cost"] = self._cost(method, target, outcome.outcome)
+        sink.submit(record)
         return reply
 
     def _cost(self, method: str, target: str | None, outcome: str) -> float | None:

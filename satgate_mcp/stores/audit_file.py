@@ -53,6 +53,18 @@ def _tail(path: str) -> list[str]:
     return [line for line in lines if line.strip()][-1:]
 
 
+def _write_stdout(text: bytes) -> None:
+    """Beside structlog's lines, which go to the same buffer (a stand-in stream without one gets the text)."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(text.decode("utf-8"))
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()
+    buffer.write(text)
+    buffer.flush()
+
+
 class AuditFile:
     """A chained JSON-lines file (or stdout) written by one task; ``healthy`` is False while the disk fails."""
 
@@ -63,7 +75,7 @@ class AuditFile:
         self._pending: list[Mapping[str, Any]] = []
         self._scheduled: asyncio.TimerHandle | None = None
         self._on_drop = on_drop
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         self._inode: int | None = None
         self._prev, self._seq = "", 1
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,14 +156,15 @@ class AuditFile:
         lines = []
         prev, seq = self._prev, self._seq
         for record in batch:
-            line = seal({**record, "log": "audit"} if self.to_stdout else record, seq, prev)
+            if self.to_stdout:
+                record = {**record, "log": "audit"}
+            line = seal(record, seq, prev)
             lines.append(line)
             prev, seq = line_hash(line), seq + 1
-        text = "\n".join(lines) + "\n"
+        text = b"\n".join(lines) + b"\n"
         try:
             if self.to_stdout:
-                sys.stdout.write(text)
-                sys.stdout.flush()
+                _write_stdout(text)
             else:
                 self._reopen_if_rotated()
                 assert self._file is not None
@@ -194,5 +207,5 @@ class AuditFile:
             with contextlib.suppress(OSError):
                 os.fsync(self._file.fileno())  # the old file's last lines are on disk before it is let go
                 self._file.close()
-        self._file = open(self.path, "a", encoding="utf-8", errors="surrogatepass")  # noqa: SIM115 (kept open)
+        self._file = open(self.path, "ab")  # noqa: SIM115 (kept open)
         self._inode = os.fstat(self._file.fileno()).st_ino
