@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from urllib.parse import urlsplit
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_host(host: str) -> bool:
     """``127.0.0.0/8``, ``::1`` (also IPv4-mapped) or ``localhost``: reachable from this machine only.
 
-    Any other name counts as public: what it resolves to is not this check's to trust.
+    Any other name counts as public: what it resolves to is not this check's to trust. Asked of every request's
+    Host, so remembered (a few hundred names at most: a flood of made-up hosts only cycles the cache).
     """
     text = host.strip().removeprefix("[").removesuffix("]").split("%", 1)[0].rstrip(".").lower()
     if text == "localhost":

@@ -25,6 +25,7 @@ from satgate_mcp.settings import Settings
 from satgate_mcp.transport import origins, rules
 from satgate_mcp.transport.rules import Refusal
 from satgate_mcp.upstream.credential import CREDENTIAL, LOOPBACK_BASE, CallerCredential
+from satgate_mcp.upstream_auth_spec import per_caller
 
 #: Distinct (Host, Origin) pairs whose verdict is kept: a client chooses them, so the cache is bounded.
 HOST_ORIGIN_CACHE = 256
@@ -66,6 +67,8 @@ class RequestChecks:
         # The guard is a pure function of the two headers and the settings, and parses an IP address per
         # request: decided once per pair of values.
         self._host_origin = functools.lru_cache(maxsize=HOST_ORIGIN_CACHE)(partial(_host_origin_verdict, settings))
+        #: Whether an upstream's auth is per caller: only then does a request carry its credential to upstreams.
+        self._carries_credential = any(per_caller(getattr(spec, "auth", None)) for spec in settings.upstreams.values())
 
     def check_host_origin(self, request: web.Request) -> Refusal | None:
         headers = request.headers
@@ -98,6 +101,8 @@ class RequestChecks:
         if result.ok and result.identity is not None:
             identity = result.identity
             request[TOKEN_ID] = identity.token_id
+            if not self._carries_credential:
+                return Principal(result.token, identity)
             # The handler's context from here on: an upstream whose auth is per caller finds the bearer there
             # (``result.token`` is what a session binds to, in OAuth mode not the bearer itself).
             CREDENTIAL.set(CallerCredential(bearer_from_header(authorization) or "", identity.token_id,
