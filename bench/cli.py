@@ -119,6 +119,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--baseline", choices=["direct", "test-upstream"], default="direct",
                        help="direct: the echo tool on the SDK's low-level server, JSON answers, uvicorn with uvloop "
                             "and httptools (bench/direct.py; default); test-upstream: tests/upstream_server.py")
+    group.add_argument("--upstream", choices=["direct", "test-upstream"], default=None,
+                       help="what the gateways front over stdio: direct (bench/direct.py --stdio, the baseline's own "
+                            "server: both sides run the same program) or test-upstream; default: as --baseline")
     group.add_argument("--baseline-json", action="store_true",
                        help="with --baseline test-upstream: run it with --json-response (default: SSE answers)")
 

@@ -29,7 +29,7 @@ from bench.phases import (
     soak_phase,
 )
 from bench.pipes import pipes_phase
-from bench.processes import BENCH_REDIS_URL, Pinning, pin_plan, redis_reachable, stop_all
+from bench.processes import BENCH_REDIS_URL, STDIO_UPSTREAMS, Pinning, pin_plan, redis_reachable, stop_all
 from bench.render import jsonable, render_compare
 from bench.stats import METERED, OAUTH, TARGETS, interleave, summarize_rounds, with_ratios
 
@@ -46,6 +46,9 @@ async def compare(cfg: CompareConfig, report: dict[str, Any], progress: Callable
     report["ceiling"] = await run_target(cfg, 1, "ceiling")
     progress("the stdio upstream over its own pipes (the issue's calibration row)")
     report["pipes"] = await pipes_phase(cfg)
+    if cfg.upstream_kind != "test-upstream":
+        progress("the gateways' upstream over its own pipes (their floor)")
+        report["floor"] = await pipes_phase(cfg, STDIO_UPSTREAMS[cfg.upstream_kind]["command"])
     if cfg.paired_calls > 0:
         progress(f"one call at a time: {cfg.paired_calls} calls each to the baseline and both gateways, in turn")
         report["paired"] = await paired_phase(cfg)
@@ -69,7 +72,7 @@ def estimated_seconds(args: argparse.Namespace) -> float:
     duration, init_seconds, rounds = float(args.duration), float(args.init_seconds), int(args.rounds)
     per_target = 12 + WARMUP_SECONDS + SEQUENTIAL_MAX_SECONDS + duration + init_seconds
     extras = (IDLE_BUDGET_SECONDS + 15 if args.idle_sessions else 0) + 30 + 4 * duration + 10
-    extras += 10 + WARMUP_SECONDS + duration  # the stdio upstream over its pipes
+    extras += 2 * (10 + WARMUP_SECONDS + duration)  # the stdio upstreams over their pipes
     extras += per_target  # the ceiling
     extras += float(args.soak) + 20 if args.soak > 0 else 0
     extras += 3 * (90 + args.instructions / 10) if args.instructions > 0 else 0
@@ -88,6 +91,7 @@ def new_report(args: argparse.Namespace, pinning: Pinning, timeout: float) -> di
                    "rounds": args.rounds, "init_seconds": args.init_seconds, "idle_sessions": args.idle_sessions,
                    "sequential_calls": args.sequential_calls, "resume_samples": args.resume_samples,
                    "baseline": args.baseline, "baseline_json_response": args.baseline_json,
+                   "upstream": args.upstream or args.baseline,
                    "soak_seconds": args.soak,
                    "instruction_calls": args.instructions, "paired_calls": args.paired_calls, "timeout": timeout,
                    "cpus": os.cpu_count()},
@@ -129,7 +133,7 @@ def main_compare(args: argparse.Namespace) -> int:
             cfg = CompareConfig(args.sessions, args.workers, args.duration, args.rounds, args.init_seconds,
                                 args.idle_sessions, args.sequential_calls, args.resume_samples, args.baseline_json,
                                 args.log_level, pinning, Path(workdir), args.soak, args.instructions,
-                                args.paired_calls, args.baseline)
+                                args.paired_calls, args.baseline, args.upstream or args.baseline)
             status = run_compare(cfg, report, timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -54,6 +54,8 @@ class CompareConfig:
     paired_calls: int = 0
     #: ``direct`` (bench/direct.py: the SDK's low-level server in its fastest shape) or ``test-upstream``.
     baseline_kind: str = "direct"
+    #: What the gateways front over stdio (``STDIO_UPSTREAMS``): the baseline's own program, unless told otherwise.
+    upstream_kind: str = "direct"
 
     def gateway_env(self) -> dict[str, str]:
         """Quotas out of the way of what is measured: session-opening phases hold many sessions on few tokens."""
@@ -63,7 +65,7 @@ class CompareConfig:
 
     def gateway(self, auth: Auth, name: str) -> Gateway:
         return Gateway(auth, self.log_level, self.workdir, name=name, pin_cpu=self.pinning.server_cpu,
-                       extra_env=self.gateway_env())
+                       extra_env=self.gateway_env(), upstream=self.upstream_kind)
 
     def baseline(self) -> Upstream | BenchServer:
         if self.baseline_kind == "direct":
@@ -293,7 +295,7 @@ async def instruction_phase(cfg: CompareConfig, target: str) -> dict[str, Any]:
     else:
         auth = make_auth(target, INSTRUCTION_WORKERS)
         server = CallgrindGateway(auth, cfg.log_level, cfg.workdir, name=f"gateway-callgrind-{target}",
-                                  extra_env=cfg.gateway_env())
+                                  extra_env=cfg.gateway_env(), upstream=cfg.upstream_kind)
         tokens = list(auth.tokens)
     return await counted_calls(server, tokens, cfg.instruction_calls)
 

@@ -90,10 +90,11 @@ async def calls_for(client: PipeClient, workers: int, seconds: float) -> tuple[i
     return calls, errors
 
 
-async def pipes_phase(cfg: CompareConfig) -> dict[str, Any]:
-    """The issue's calibration row: ``workers`` callers keep ``echo`` calls in flight on the stdio upstream's own
-    pipes for ``duration`` seconds; calls/s and the child's CPU per call."""
-    argv = pinned([sys.executable, str(UPSTREAM_SERVER), "stdio"], cfg.pinning.server_cpu)
+async def pipes_phase(cfg: CompareConfig, command: list[str] | None = None) -> dict[str, Any]:
+    """The issue's calibration row: ``workers`` callers keep ``echo`` calls in flight on the stdio test upstream's
+    own pipes for ``duration`` seconds; calls/s and the child's CPU per call. With ``command``, that upstream
+    instead (the floor of a gateway in front of it)."""
+    argv = pinned(command or [sys.executable, str(UPSTREAM_SERVER), "stdio"], cfg.pinning.server_cpu)
     proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=base_env(), stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
                                                 limit=2 ** 20)

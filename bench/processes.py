@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,6 +26,11 @@ from bench.procfs import memory_kib
 
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM_SERVER = REPO / "tests" / "upstream_server.py"
+#: What a gateway fronts over stdio: the test upstream (every test tool), or the direct baseline's own server.
+STDIO_UPSTREAMS: dict[str, dict[str, Any]] = {
+    "test-upstream": {"command": [sys.executable, str(UPSTREAM_SERVER), "stdio"]},
+    "direct": {"command": [sys.executable, "-m", "bench.direct", "--stdio"], "cwd": str(REPO)},
+}
 HOST = "127.0.0.1"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
@@ -205,14 +211,16 @@ def stop_all() -> None:
 
 
 class Gateway(ServerProcess):
-    """``python -m satgate_mcp serve`` with ``tests/upstream_server.py`` as its one stdio upstream."""
+    """``python -m satgate_mcp serve`` with one stdio upstream (``STDIO_UPSTREAMS``; the test upstream unless
+    ``upstream`` says otherwise)."""
 
     name = "gateway"
 
     def __init__(self, auth: Auth, log_level: str, workdir: Path, *, name: str | None = None,
-                 pin_cpu: int | None = None, extra_env: dict[str, str] | None = None) -> None:
+                 pin_cpu: int | None = None, extra_env: dict[str, str] | None = None,
+                 upstream: str = "test-upstream") -> None:
         super().__init__(workdir, name=name, pin_cpu=pin_cpu)
-        upstreams = {"bench": {"transport": "stdio", "command": [sys.executable, str(UPSTREAM_SERVER), "stdio"]}}
+        upstreams = {"bench": {"transport": "stdio", **STDIO_UPSTREAMS[upstream]}}
         self.env = {**self.env, **auth.env, "SATGATE_HOST": HOST, "SATGATE_PORT": str(self.port),
                     "SATGATE_UPSTREAMS": json.dumps(upstreams), "SATGATE_LOG_FORMAT": "json",
                     "SATGATE_LOG_LEVEL": log_level, "SATGATE_DRAIN_SECONDS": "1", **(extra_env or {})}

@@ -93,6 +93,18 @@ def cpu_share(summary: dict[str, dict[str, float]]) -> str:
             f"{ISSUE_BASELINE_CPU_MS:g} ms is {fmt(ISSUE_CPU_TARGET_MS / ISSUE_BASELINE_CPU_MS, 2)}x.")
 
 
+#: What the gateways front, as the heading names it.
+UPSTREAM_NAMES = {"direct": "the baseline's own server (bench/direct.py --stdio)",
+                  "test-upstream": "tests/upstream_server.py"}
+
+
+def floor_line(floor: dict[str, Any]) -> str:
+    """The floor of any gateway in front of this upstream: the same program driven over its own pipes."""
+    return (f"The gateways' upstream alone over its own pipes (the floor for any stdio gateway in front of it): "
+            f"{fmt(floor['calls_per_second'])} calls/s, child CPU {fmt(floor['cpu_ms_per_call'], 3)} ms/call, "
+            f"{floor['errors']} errors.")
+
+
 def pipes_line(pipes: dict[str, Any], summary: dict[str, dict[str, float]] | None = None) -> str:
     """The calibration row: what this machine does with no HTTP and no gateway, beside the issue's figure, and
     the gateway process's CPU per call at the issue machine's speed by that factor."""
@@ -139,6 +151,8 @@ def render_compare(report: dict[str, Any]) -> str:
     out = compare_heading(report, rows) + round_tables(report["config"], rows)
     if report.get("ceiling"):
         out += ["", ceiling_line(report["ceiling"], rows)]
+    if report.get("floor"):
+        out += ["", floor_line(report["floor"])]
     pipes = report.get("pipes")
     if pipes:
         out += ["", pipes_line(pipes, summarize_rounds(rows) if rows else None)]
@@ -181,7 +195,8 @@ def compare_heading(report: dict[str, Any], rows: Sequence[dict[str, Any]]) -> l
             f"- pinning: {report['pinning']}",
             f"- baseline: {BASELINES.get(cfg.get('baseline', 'test-upstream'), '?')} (answers "
             f"{', '.join(baseline_types) or 'n/a'}); gateway: python -m satgate_mcp serve as the README starts it "
-            "(a state folder), over tests/upstream_server.py via stdio; gateway-oauth verifies JWTs from an "
+            f"(a state folder), over {UPSTREAM_NAMES.get(cfg.get('upstream', 'test-upstream'), '?')} via stdio; "
+            "gateway-oauth verifies JWTs from an "
             "authorization server the bench runs; gateway-metered is header mode on Redis with every call charged "
             "to a budget and counted by a rate limit",
             "- clients: raw aiohttp JSON-RPC (Accept: application/json, text/event-stream); server CPU is "
