@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.policy.budget import Charge
 from satgate_mcp.policy.duplicates import Arrival, Table
+from satgate_mcp.policy.limits import Bucket
 from satgate_mcp.policy.settlement import ROLE_ON_ARRIVAL, Outcome, Role, closing
 from satgate_mcp.policy.shared_calls import SharedCall
 from satgate_mcp.policy.store_time import StoreTime
@@ -31,6 +32,9 @@ class ChargeAsk:
     enforce: bool
     #: Names this charge in the store's ledger, so a charge whose answer was lost can be found or voided.
     charge_id: str = ""
+    #: Rate buckets to take one token from first, in the same operation (only where ``Admissions.takes_rate``):
+    #: a bucket that is empty refuses the call before it arrives, and ``Arrived.rate_wait`` says for how long.
+    buckets: tuple[Bucket, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,8 @@ class Arrived:
     arrival: Arrival
     charge: Charge | None
     remaining: float | None
+    #: Over zero: the rate limit refused the call first (seconds to wait); it neither arrived nor paid.
+    rate_wait: float = 0.0
 
 
 def refused_record(arrival: Arrival) -> Table | None:
@@ -53,6 +59,15 @@ class Admissions(Protocol):
         """Atomically: the ``ARRIVAL`` transition of ``key``'s record, then the charge it calls for (or, for
         the free re-send, what remains), and the record taken back when the charge is refused."""
         ...
+
+
+@runtime_checkable
+class RateTaking(Protocol):
+    """``Admissions`` that also take ``ChargeAsk.buckets`` in the arrival's one operation (Redis: one script, so a
+    metered call's rate check, record and charge are one round trip instead of two)."""
+
+    takes_rate: bool
+
 
 
 #: Roles that took their stake from the budget at admission.

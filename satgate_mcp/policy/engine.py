@@ -30,7 +30,7 @@ from satgate_mcp.errors import GatewayError, store_unavailable
 from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import RATE_LIMITED, JsonObj, RequestId
 from satgate_mcp.metrics import Metrics
-from satgate_mcp.policy.admissions import Admission, Admissions, Arrived, ChargeAsk
+from satgate_mcp.policy.admissions import Admission, Admissions, Arrived, ChargeAsk, RateTaking
 from satgate_mcp.policy.budget import BudgetStore, initial_limit, kept_in_store, resolve_cost, shown_remaining
 from satgate_mcp.policy.charging import UNLIMITED, Charging
 from satgate_mcp.policy.closing import Closer
@@ -45,6 +45,7 @@ from satgate_mcp.policy.duplicates import (
 )
 from satgate_mcp.policy.ledger import ArrivalLedger, ChargeLedger, LostCharges
 from satgate_mcp.policy.limits import (
+    Bucket,
     RateLimiter,
     RateSpec,
     ToolRate,
@@ -126,8 +127,7 @@ class CallPolicy:
         self._publisher, self._metrics = publisher, metrics
         self._rate = rate
         self._tool_rates = tuple(tool_rates)
-        self._costs = costs
-        self._default_cost = default_cost
+        self._costs, self._default_cost = costs, default_cost
         self._operator_budgets = operator_budgets
         self._enforcement = enforcement
         self._enforce = enforcement == "control"
@@ -140,7 +140,8 @@ class CallPolicy:
         self._charging = Charging(self._budgets, publisher=publisher, metrics=metrics, enforce=self._enforce)
         # Decided once: an isinstance check on a runtime protocol costs more than the call it picks.
         self._arrivals_kept = admissions if isinstance(admissions, ArrivalLedger) else None
-        self._charges_kept = self._budgets if isinstance(self._budgets, ChargeLedger) else None
+        self._charges_kept, self._rate_taking = (self._budgets if isinstance(self._budgets, ChargeLedger) else None,
+                                                 isinstance(admissions, RateTaking) and admissions.takes_rate)
         self._delegator = Delegator(root_key=root_key, budgets=self._budgets, operator_budgets=operator_budgets,
                                     publisher=publisher, metrics=metrics, wall_clock=wall_clock, minter=minter,
                                     verifier=verifier, max_depth=max_delegation_depth, new_id=new_id)
@@ -201,17 +202,23 @@ class CallPolicy:
                      request_id: RequestId, params: JsonObj | None, store_time: StoreTime) -> Admission:
         if method in UNMETERED_METHODS:
             return Admission(identity, tool, Role.UNMETERED)
-        await self._check_rate(identity, method, tool if method == TOOLS_CALL else None, store_time)
-        if method != TOOLS_CALL:
-            return Admission(identity, tool, Role.UNMETERED)
-
+        tool = tool if method == TOOLS_CALL else None
+        buckets = buckets_for(rate_family(identity), tool, overall=self._rate, tool_rates=self._tool_rates)
         # A negative configured cost would mint credits; treat it as free.
         cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
         limit = initial_limit(identity, self._operator_budgets)
+        key = duplicate_key(identity.token_id, session_id, request_id, params) if method == TOOLS_CALL else ""
+        # A leading guarded call on a store that can takes its rate token in its arrival's one operation (decided
+        # with no await before the call registers, so no copy slips in between); any other call takes it first.
+        with_arrival = (self._rate_taking and bool(buckets) and bool(session_id) and method == TOOLS_CALL
+                        and kept_in_store(limit, identity.budget_id) and self._in_flight.get(key) is None)
+        if buckets and not with_arrival:
+            await self._check_rate(identity, method, tool, buckets, store_time)
+        if method != TOOLS_CALL:
+            return Admission(identity, tool, Role.UNMETERED)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
             return await self._charge_unguarded(Admission(identity, tool, Role.UNGUARDED, store_time=store_time),
                                                 cost, limit)
-        key = duplicate_key(identity.token_id, session_id, request_id, params)
         shared = self._in_flight.get(key)
         if shared is not None:
             joined = Admission(identity, tool, Role.JOINED, duplicate_key=key, shared=shared, store_time=store_time)
@@ -222,9 +229,18 @@ class CallPolicy:
             return self._charging.take(Admission(identity, tool, Role.AGAIN, duplicate_key=key, shared=shared,
                                                  store_time=store_time), cost, UNLIMITED)
         admission = Admission(identity, tool, Role.LEADING, duplicate_key=key, shared=shared, store_time=store_time)
+        return await self._lead(admission, cost, limit, tuple(buckets) if with_arrival else ())
+
+    async def _lead(self, admission: Admission, cost: float, limit: float | None, buckets: tuple[Bucket, ...]
+                    ) -> Admission:
+        """The first copy of a guarded call: its arrival recorded and its charge taken, or it is refused (and
+        every copy that joined it with it)."""
+        key, shared, store_time = admission.duplicate_key, admission.shared, admission.store_time
+        assert key is not None
+        assert shared is not None
         try:
             if self._admissions is not None:
-                return await self._arrive(self._admissions, admission, cost, limit)
+                return await self._arrive(self._admissions, admission, cost, limit, buckets)
             arrival = await store_time.run(lambda: self._duplicates.apply(key, ARRIVAL))
             admission.role = ROLE_ON_ARRIVAL[Arrival(arrival)]
             if admission.role is Role.REPLAY:
@@ -238,13 +254,14 @@ class CallPolicy:
                 await self._closer.close(admission, Outcome.REFUSED)
             raise
 
-    async def _arrive(self, admissions: Admissions, admission: Admission, cost: float, limit: float | None
-                      ) -> Admission:
-        """The same steps as the general path, in one store operation. A refused charge leaves the role
-        LEADING: the store already took its record back, so closing it only lets the shared call go."""
+    async def _arrive(self, admissions: Admissions, admission: Admission, cost: float, limit: float | None,
+                      buckets: tuple[Bucket, ...]) -> Admission:
+        """The same steps as the general path, in one store operation (with the rate check, when ``buckets``). A
+        refused charge leaves the role LEADING: the store already took its record back (or, refused by the rate
+        limit, never made it), so closing it only lets the shared call go."""
         key = admission.duplicate_key
         assert key is not None
-        ask = ChargeAsk(admission.identity.budget_key, cost, limit, self._enforce, admission.charge_id)
+        ask = ChargeAsk(admission.identity.budget_key, cost, limit, self._enforce, admission.charge_id, buckets)
         kept = self._arrivals_kept
         arrived = await self._lost.charged(admission, lambda: admissions.arrive(key, ask),
                                       kept.arrival_landed if kept is not None else None,
@@ -252,6 +269,8 @@ class CallPolicy:
         return self._arrived(admission, arrived, cost)
 
     def _arrived(self, admission: Admission, arrived: Arrived, cost: float) -> Admission:
+        if arrived.rate_wait > 0:
+            raise self._rate_refusal(admission.identity, TOOLS_CALL, admission.tool, arrived.rate_wait)
         if arrived.charge is None:
             admission.role = Role.REPLAY
             return self._charging.free(admission, cost, arrived.remaining)
@@ -302,20 +321,21 @@ class CallPolicy:
         """Close an admission; ``ran=False`` (the upstream certainly never ran it) refunds it."""
         await self._closer.close_recorded(admission, Outcome.RAN if ran else Outcome.NOT_RUN)
 
-    async def _check_rate(self, identity: Identity, method: str, tool: str | None, store_time: StoreTime) -> None:
-        # A delegated child draws from its root token's buckets: delegation never multiplies the rate.
-        buckets = buckets_for(rate_family(identity), tool, overall=self._rate, tool_rates=self._tool_rates)
-        if not buckets:
-            return
+    async def _check_rate(self, identity: Identity, method: str, tool: str | None, buckets: Sequence[Bucket],
+                          store_time: StoreTime) -> None:
+        """One token from each bucket (a delegated child draws from its root token's: delegation never multiplies
+        the rate), or the call is refused."""
         wait = await store_time.run(lambda: self._limiter.acquire(buckets))
-        if wait <= 0:
-            return
+        if wait > 0:
+            raise self._rate_refusal(identity, method, tool, wait)
+
+    def _rate_refusal(self, identity: Identity, method: str, tool: str | None, wait: float) -> GatewayError:
         retry = retry_after_seconds(wait)
         self._metrics.refusals.labels(reason="rate_limited").inc()
         self._publisher.publish(events.RATE_LIMITED, token_id=identity.token_id, method=method, tool=tool,
                                 retry_after_seconds=retry)
-        raise GatewayError("rate limit exceeded", {"error": "rate_limited", "retry_after_seconds": retry},
-                           code=RATE_LIMITED)
+        return GatewayError("rate limit exceeded", {"error": "rate_limited", "retry_after_seconds": retry},
+                            code=RATE_LIMITED)
 
     # -- satgate/budget -------------------------------------------------------------------------
 

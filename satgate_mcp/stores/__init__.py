@@ -174,7 +174,7 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
     tombstones = RedisTombstones(url, timeout=timeout, max_connections=max_connections, on_error=on_error)
     probe = RedisProbe(url, timeout)
     # The arrival of a guarded call and its charge in one script: one round trip where the stores would take two.
-    admissions = RedisAdmissions(policy.client)
+    admissions = RedisAdmissions(policy.client, clock=policy.rate_limiter.clock)
     return Stores("redis", policy.rate_limiter, policy.budgets, policy.duplicates, admissions, revocations, files,
                   None, tombstones, probe, timeout,
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),

@@ -37,7 +37,7 @@ from tests.stores.conftest import REDIS_URL
 STORE_TIMEOUT = 0.5
 LIMIT = 10.0
 SCRIPTS = {
-    "arrive": redis_admissions._ARRIVE_LUA,
+    "arrive": redis_admissions._ARRIVE_SCRIPT,
     "charge": redis_policy._CHARGE_LUA,
     "landed": redis_policy.LANDED_LUA,
     "record": redis_policy._APPLY_LUA,

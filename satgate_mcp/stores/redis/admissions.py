@@ -10,6 +10,8 @@ as for the budget transfer.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as redis
@@ -21,17 +23,21 @@ from satgate_mcp.stores.redis.policy import (
     DECIDE_LUA,
     DEFAULT_PREFIX,
     LANDED_LUA,
+    TAKE_RATE_LUA,
     ledger_script,
     num_arg,
     optional_float,
+    rate_args,
     text,
 )
 
-# KEYS[1] record, KEYS[2] budget, KEYS[3] the charge id's ledger entry (optional); ARGV ttl ms, cost, limit
-# ('' = unlimited), enforce ('1'/'0'), then the arrival table and the refused first copy's table, each as a count
-# and (state, new state, outcome) triples.
-# Returns {arrival, status, remaining, exceeded}: status ok | refused | unlimited | free (the re-send).
-_ARRIVE_LUA = DECIDE_LUA + """
+# KEYS[1] record, KEYS[2] budget, KEYS[3] the charge id's ledger entry (optional), KEYS[4..] rate buckets (only
+# with a ledger entry); ARGV ttl ms, cost, limit ('' = unlimited), enforce ('1'/'0'), then the arrival table and the
+# refused first copy's table, each as a count and (state, new state, outcome) triples, then the number of rate
+# buckets and (when any) TAKE_RATE_LUA's arguments.
+# Returns {arrival, status, remaining, exceeded}: status ok | refused | unlimited | free (the re-send); or
+# {'rate', wait} when a bucket was empty (nothing else done).
+_ARRIVE_LUA = DECIDE_LUA + TAKE_RATE_LUA + """
 local function apply(key, at, ttl)
   local current = redis.call('GET', key) or ''
   for i = at + 1, at + 3 * tonumber(ARGV[at]), 3 do
@@ -47,7 +53,12 @@ local function apply(key, at, ttl)
   end
   error('no transition for state ' .. current)
 end
-""" + ledger_script("""local arrival = apply(KEYS[1], 5, ARGV[1])
+""" + ledger_script("""local buckets = tonumber(ARGV[RATE_AT])
+if buckets > 0 then
+  local wait = take_rate(3, RATE_AT + 1, buckets)
+  if wait > 0 then return {'rate', num(wait)} end
+end
+local arrival = apply(KEYS[1], 5, ARGV[1])
 local limit = redis.call('HGET', KEYS[2], 'limit')
 local spent = tonumber(redis.call('HGET', KEYS[2], 'spent') or '0')
 if arrival == 'replay' then
@@ -77,22 +88,37 @@ def table_args(table: Table | None) -> list[str]:
 
 #: The two tables every arrival sends along: they never change, so they are built once.
 _TABLES = table_args(ARRIVAL) + table_args(refused_record(Arrival.FIRST))
+#: Where the rate buckets' count is among the arguments: after ttl, cost, limit, enforce and the tables.
+_RATE_AT = 5 + len(_TABLES)
+_ARRIVE_SCRIPT = _ARRIVE_LUA.replace("RATE_AT", str(_RATE_AT))
 
 
 class RedisAdmissions:
     """``Admissions`` on Redis: the record and the charge of an arriving copy in one script."""
 
+    #: ``RateTaking``: a call's rate buckets are taken in the same script as its arrival.
+    takes_rate = True
+
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
-                 ttl: float = DUPLICATE_TTL_SECONDS) -> None:
+                 ttl: float = DUPLICATE_TTL_SECONDS, clock: Callable[[], float] = time.time) -> None:
+        """``clock`` and ``prefix``: the rate limiter's, whose buckets these are too."""
         self._records, self._budgets, self._ledger = prefix + "dup:", prefix + "budget:", prefix + "charge:"
+        self._prefix = prefix
+        self._clock = clock
         self._ttl_ms = str(max(1, int(ttl * 1000)))
-        self._arrive = client.register_script(_ARRIVE_LUA)
+        self._arrive = client.register_script(_ARRIVE_SCRIPT)
         self._landed = client.register_script(LANDED_LUA)
 
     async def arrive(self, key: str, ask: ChargeAsk) -> Arrived:
         keys = [self._records + key, self._budgets + ask.budget_key,
                 *([self._ledger + ask.charge_id] if ask.charge_id else [])]
-        args = [self._ttl_ms, num_arg(ask.cost), num_arg(ask.limit), "1" if ask.enforce else "0", *_TABLES]
+        args = [self._ttl_ms, num_arg(ask.cost), num_arg(ask.limit), "1" if ask.enforce else "0", *_TABLES,
+                str(len(ask.buckets))]
+        if ask.buckets:
+            if not ask.charge_id:  # the buckets' keys follow the ledger entry's
+                raise ValueError("rate buckets are taken only with a charge id")
+            keys += [self._prefix + b.key for b in ask.buckets]
+            args += rate_args(self._clock(), ask.buckets)
         reply = await self._arrive(keys=keys, args=args)
         return _arrived(reply)
 
@@ -105,6 +131,8 @@ class RedisAdmissions:
 def _arrived(reply: Any) -> Arrived:
     if text(reply[0]) == "void":  # only an arrival whose answer was given up on: nobody waits for this one
         raise TimeoutError("this arrival was voided after its answer was lost")
+    if text(reply[0]) == "rate":
+        return Arrived(Arrival.FIRST, None, None, rate_wait=float(text(reply[1])))
     arrival, status, remaining, exceeded = reply
     came, said = Arrival(text(arrival)), text(status)
     if said == "free":

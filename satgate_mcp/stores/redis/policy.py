@@ -26,28 +26,48 @@ from satgate_mcp.stores.redis.client import DEFAULT_MAX_CONNECTIONS, connect
 
 DEFAULT_PREFIX = "satgate:"
 
-_RATE_LUA = """
-local now = tonumber(ARGV[1])
-local wait = 0
-local tokens, stamps = {}, {}
-for i = 1, #KEYS do
-  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local st = redis.call('HMGET', KEYS[i], 't', 'ts')
-  local t, ts = tonumber(st[1]), tonumber(st[2])
-  if t == nil or ts == nil then t, ts = burst, now end
-  if now > ts then t = math.min(burst, t + (now - ts) * rate); ts = now end
-  tokens[i], stamps[i] = t, ts
-  local missing = 1 - t
-  if missing > 1e-9 and missing / rate > wait then wait = missing / rate end
+#: Takes one token from each of ``n`` buckets, all or none: KEYS[k0 + i] for bucket i, ARGV[a0] now (seconds),
+#: then (rate per second, burst) per bucket. Returns the seconds to wait (0: taken).
+TAKE_RATE_LUA = """
+local function take_rate(k0, a0, n)
+  local now = tonumber(ARGV[a0])
+  local wait = 0
+  local tokens, stamps = {}, {}
+  for i = 1, n do
+    local rate, burst = tonumber(ARGV[a0 + 2 * i - 1]), tonumber(ARGV[a0 + 2 * i])
+    local st = redis.call('HMGET', KEYS[k0 + i], 't', 'ts')
+    local t, ts = tonumber(st[1]), tonumber(st[2])
+    if t == nil or ts == nil then t, ts = burst, now end
+    if now > ts then t = math.min(burst, t + (now - ts) * rate); ts = now end
+    tokens[i], stamps[i] = t, ts
+    local missing = 1 - t
+    if missing > 1e-9 and missing / rate > wait then wait = missing / rate end
+  end
+  if wait > 0 then return wait end
+  for i = 1, n do
+    local rate, burst = tonumber(ARGV[a0 + 2 * i - 1]), tonumber(ARGV[a0 + 2 * i])
+    redis.call('HSET', KEYS[k0 + i], 't', string.format('%.17g', tokens[i] - 1),
+               'ts', string.format('%.17g', stamps[i]))
+    redis.call('PEXPIRE', KEYS[k0 + i], math.ceil(burst / rate * 1000) + 1000)
+  end
+  return 0
 end
+"""
+
+_RATE_LUA = TAKE_RATE_LUA + """
+local wait = take_rate(0, 1, #KEYS)
 if wait > 0 then return string.format('%.17g', wait) end
-for i = 1, #KEYS do
-  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  redis.call('HSET', KEYS[i], 't', string.format('%.17g', tokens[i] - 1), 'ts', string.format('%.17g', stamps[i]))
-  redis.call('PEXPIRE', KEYS[i], math.ceil(burst / rate * 1000) + 1000)
-end
 return '0'
 """
+
+
+def rate_args(now: float, buckets: Sequence[Bucket]) -> list[str]:
+    """``TAKE_RATE_LUA``'s arguments: now, then each bucket's rate and burst."""
+    args = [num_arg(now)]
+    for b in buckets:
+        args += [num_arg(b.spec.per_second), str(b.spec.burst)]
+    return args
+
 
 #: ``policy.budget.decide``, line for line: returns allowed, remaining, exceeded, spent afterwards.
 DECIDE_LUA = """
@@ -185,16 +205,14 @@ class RedisRateLimiter:
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX,
                  clock: Callable[[], float] = time.time) -> None:
         self._prefix = prefix
-        self._clock = clock
+        #: The buckets' clock (the admissions script reads the same one).
+        self.clock = clock
         self._script = client.register_script(_RATE_LUA)
 
     async def acquire(self, buckets: Sequence[Bucket]) -> float:
         if not buckets:
             return 0.0
-        args: list[str] = [num_arg(self._clock())]
-        for b in buckets:
-            args += [num_arg(b.spec.per_second), str(b.spec.burst)]
-        wait = await self._script(keys=[self._prefix + b.key for b in buckets], args=args)
+        wait = await self._script(keys=[self._prefix + b.key for b in buckets], args=rate_args(self.clock(), buckets))
         return float(wait)
 
     async def close(self) -> None:
