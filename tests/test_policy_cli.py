@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from satgate_mcp import cli
 from satgate_mcp.auth.macaroons import mint_token
 from satgate_mcp.exits import ExitCode
+from tests.oauth_server import AuthServer
 from tests.policy.readme_policy import readme_policy
 
 KEY = "p" * 40
@@ -115,3 +117,27 @@ def test_serve_stops_at_start_on_a_bad_policy_in_one_line(tmp_path: Path) -> Non
     [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("satgate-mcp:")]
     assert line.startswith(f"satgate-mcp: invalid SATGATE_POLICY_FILE: policy file {bad}, rule 'broken' at "
                            "rules[1].when, line 1, column")
+
+
+async def test_explain_in_oauth_mode_reads_the_verified_jwts_claims(
+        env: pytest.MonkeyPatch, policy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's rule on ``token.claims.org`` with a real authorization server's JWT: the org decides, and a
+    token for another audience is refused as the daemon would refuse it."""
+    async with AuthServer(path="/realms/explain") as idp:
+        audience = "https://gw.example.com/mcp"
+        idp.default_audience = audience
+        env.setenv("SATGATE_AUTH_MODE", "oauth")
+        env.setenv("SATGATE_OAUTH_ISSUER", idp.issuer)
+        env.setenv("SATGATE_OAUTH_AUDIENCE", audience)
+
+        def explain(token: str, repo: str) -> int:
+            return cli.main(["policy", "explain", str(policy), "--token", token, "--tool", "github_get_repo",
+                             "--args", json.dumps({"repo": repo})])
+
+        token = idp.mint("alice", extra={"org": "acme"})
+        assert await asyncio.to_thread(explain, token, "acme/site") == ExitCode.OK
+        assert await asyncio.to_thread(explain, token, "other/site") == ExitCode.FAILED
+        assert "decision: deny by github-repo-outside-org" in capsys.readouterr().out
+        elsewhere = idp.mint("alice", audience="https://other.example.com/mcp", extra={"org": "acme"})
+        assert await asyncio.to_thread(explain, elsewhere, "acme/site") == ExitCode.FAILED
+        assert "the token is refused" in capsys.readouterr().err
