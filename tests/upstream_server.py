@@ -30,7 +30,7 @@ import wave
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -51,7 +51,13 @@ from mcp.server.subscriptions import (
 from mcp.shared.message import ServerMessageMetadata
 
 try:  # run as a script (tests/ on the path) or imported as tests.upstream_server
-    from upstream_tasks import TASK_TOOLS, TaskStore, install, session_capabilities, task_tool_defs
+    from upstream_tasks import (  # type: ignore[import-not-found]
+        TASK_TOOLS,
+        TaskStore,
+        install,
+        session_capabilities,
+        task_tool_defs,
+    )
 except ImportError:  # pragma: no cover - the import path depends on how the module is loaded
     from tests.upstream_tasks import TASK_TOOLS, TaskStore, install, session_capabilities, task_tool_defs
 
@@ -693,14 +699,17 @@ def build_server(state: State) -> Server[Any]:
             record_trace_context(state.trace_file, ctx, params.name)
         found = await run_tool(ctx, params)
         if found.get("resultType") == "task":
-            return found  # a CreateTaskResult (tests/upstream_tasks.py): no SDK model of its own
+            # A CreateTaskResult (tests/upstream_tasks.py) has no SDK model: the runner sends a handler's dict as is.
+            return cast(types.CallToolResult, found)
         if found.get("resultType") == "input_required":
             return types.InputRequiredResult.model_validate(found)
         return types.CallToolResult.model_validate(found)
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
         if state.tasks is not None and params.name in TASK_TOOLS:
-            return await state.tasks.call(params.name, params.arguments or {}, params.meta, session_capabilities(ctx))
+            created: JsonObj = await state.tasks.call(params.name, params.arguments or {}, params.meta,
+                                                      session_capabilities(ctx))
+            return created
         if state.conformance is not None and params.name in CONF_TOOLS:
             return await conf_run_tool(ctx, state.conformance, params)
         if params.name not in state.tools:
