@@ -26,7 +26,6 @@ from satgate_mcp.jsonrpc import JsonObj
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
-PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 #: SEP-2575's "Missing Required Client Capability".
 MISSING_CAPABILITY = -32021
 #: The methods that name a task by its ``taskId`` (2026-07-28: get, update, cancel; 2025-11-25 also result).
@@ -101,14 +100,14 @@ def missing_tasks_capability() -> GatewayError:
                         {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}}, code=MISSING_CAPABILITY)
 
 
-def undeclared_modern_client(params: JsonObj | None) -> bool:
-    """A 2026-07-28 request (its ``_meta`` names the revision) whose client did not declare the tasks extension.
+def undeclared_modern_client(era: str | None, declared: JsonObj | None) -> bool:
+    """A 2026-07-28 client (``era``) whose request did not declare the tasks extension in its ``_meta`` client
+    capabilities (``declared``: the client's own protocol fields, as the relay keeps them).
 
-    A 2025 session's requests carry no such ``_meta``: the upstream judges those itself."""
-    meta = (params or {}).get("_meta")
-    if not isinstance(meta, dict) or PROTOCOL_VERSION_META not in meta:
+    A 2025 session's requests carry no such fields: the upstream judges those itself."""
+    if era != "2026":
         return False
-    caps = meta.get(CLIENT_CAPABILITIES_META)
+    caps = (declared or {}).get(CLIENT_CAPABILITIES_META)
     extensions = caps.get("extensions") if isinstance(caps, dict) else None
     return not (isinstance(extensions, dict) and TASKS_EXTENSION in extensions)
 

@@ -62,18 +62,17 @@ def test_unknown_task_is_one_answer() -> None:
     assert answers == {(jsonrpc.INVALID_PARAMS, "Unknown task", "{'error': 'unknown_task'}")}
 
 
-@pytest.mark.parametrize(("params", "undeclared"), [
-    (None, False),  # a 2025 session's request: the upstream judges it
-    ({"taskId": "t"}, False),
-    ({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}, True),
-    ({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {"extensions": {}}}}, True),
-    ({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {
-                    "extensions": {"io.modelcontextprotocol/tasks": {}}}}}, False),
+@pytest.mark.parametrize(("era", "declared", "undeclared"), [
+    (None, None, False),  # no relay: nothing to judge by
+    ("2025", None, False),  # a 2025 session's request: the upstream judges it
+    ("2026", None, True),
+    ("2026", {"io.modelcontextprotocol/clientCapabilities": {}}, True),
+    ("2026", {"io.modelcontextprotocol/clientCapabilities": {"extensions": {}}}, True),
+    ("2026", {"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}},
+     False),
 ])
-def test_undeclared_modern_client(params: JsonObj | None, undeclared: bool) -> None:
-    assert undeclared_modern_client(params) is undeclared
+def test_undeclared_modern_client(era: str | None, declared: JsonObj | None, undeclared: bool) -> None:
+    assert undeclared_modern_client(era, declared) is undeclared
 
 
 def test_missing_capability_shape() -> None:
