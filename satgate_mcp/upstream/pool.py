@@ -192,7 +192,8 @@ class UpstreamPool(UpstreamListings):
         ``subscribe`` and ``listChanged`` for resources and prompts when some upstream offers
         them: the session's GET stream carries what they announce.
         """
-        return merged_capabilities([u.initialize_result for u in self._upstreams.values()])
+        return merged_capabilities([r for u in self._upstreams.values()  # a dual upstream's two eras
+                                    for r in (u.initialize_result, getattr(u, "modern_result", None))])
 
     def instructions(self) -> list[tuple[str, str]]:
         """(upstream, its ``instructions``) for every initialized upstream that gave some, in configuration order."""
