@@ -698,7 +698,7 @@ def build_server(state: State) -> Server[Any]:
         if state.trace_file is not None:
             record_trace_context(state.trace_file, ctx, params.name)
         found = await run_tool(ctx, params)
-        if found.get("resultType") == "task":
+        if found.get("resultType") in ("task", "input_required") and params.name in TASK_TOOLS:
             # A CreateTaskResult (tests/upstream_tasks.py) has no SDK model: the runner sends a handler's dict as is.
             return cast(types.CallToolResult, found)
         if found.get("resultType") == "input_required":
@@ -708,7 +708,7 @@ def build_server(state: State) -> Server[Any]:
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
         if state.tasks is not None and params.name in TASK_TOOLS:
             created: JsonObj = await state.tasks.call(params.name, params.arguments or {}, params.meta,
-                                                      session_capabilities(ctx))
+                                                      session_capabilities(ctx), params.input_responses)
             return created
         if state.conformance is not None and params.name in CONF_TOOLS:
             return await conf_run_tool(ctx, state.conformance, params)
