@@ -57,6 +57,8 @@ def _elicit(message: str, **props: str) -> JsonObj:
 
 def _answered(answer: object, field_name: str) -> str | None:
     """A field of an accepted elicitation answer, else None."""
+    if hasattr(answer, "model_dump"):  # the SDK parses a call's inputResponses into result models
+        answer = answer.model_dump(by_alias=True, exclude_none=True)
     if isinstance(answer, dict) and answer.get("action") == "accept" and isinstance(answer.get("content"), dict):
         value = answer["content"].get(field_name)
         return None if value is None else str(value)
