@@ -62,6 +62,7 @@ from satgate_mcp.sessions import CloseReason, Session, SessionRegistry
 from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import Stores, open_stores
 from satgate_mcp.stores.audit_file import AuditFile
+from satgate_mcp.task_ids import derive_task_keys
 from satgate_mcp.transport import health, jwks, oauth, oauth_callback
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
@@ -199,7 +200,8 @@ def create_app(
     metrics.active_sessions.set_function(lambda: len(registry))
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
-                            guards=Guards(_guards(app, publisher, metrics, pins)), audit=auditor)
+                            guards=Guards(_guards(app, publisher, metrics, pins)), audit=auditor,
+                            task_keys=derive_task_keys(settings.state_keys))
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)

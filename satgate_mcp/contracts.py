@@ -62,6 +62,9 @@ class Pool(Protocol):
     async def set_caller_log_level(self, caller: Caller, level: str) -> None:
         """One session's level, for the upstream children that are its own (``"isolation"``)."""
     async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
+    async def task_request(self, upstream: str, method: str, params: JsonObj, *,
+                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+        """A task method (tasks extension) on the named upstream; None when it is not configured."""
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                             ) -> JsonObj: ...
     async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...

@@ -10,7 +10,7 @@ passes the policy's rate limit last.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -28,6 +28,8 @@ from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
 from satgate_mcp.policy.audit import AUDITED_METHODS
 from satgate_mcp.policy.audit_trail import Auditor
 from satgate_mcp.subscriptions import Subscriptions
+from satgate_mcp.task_ids import TASK_METHODS
+from satgate_mcp.task_relay import TaskRelay
 from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
 from satgate_mcp.visibility import allows, named_target, visible_listing
@@ -89,8 +91,9 @@ class Dispatcher:
     def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
                  list_page_size: int = LIST_PAGE_SIZE, guards: Guards | None = None,
-                 audit: Auditor | None = None) -> None:
+                 audit: Auditor | None = None, task_keys: Sequence[bytes] = ()) -> None:
         self._pool = pool
+        self._tasks = TaskRelay(pool, policy, task_keys)
         self._audit = audit
         self._guards = guards or Guards()
         self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
@@ -117,6 +120,7 @@ class Dispatcher:
             "completion/complete": forward(pool.complete),
             "satgate/budget": self._budget,
             "satgate/delegate": self._delegate,
+            **dict.fromkeys(TASK_METHODS, self._task),
         }
 
     @property
@@ -312,6 +316,12 @@ class Dispatcher:
         await self._admit_and_settle(call)
         return jsonrpc.result_response(None, await self._policy.delegate(call.identity, call.params))
 
+    async def _task(self, call: Call) -> JsonObj:
+        """``tasks/*``: to the upstream the sealed task id names (task_relay.py)."""
+        return await self._tasks.relay(call.request.method, call.params, identity=call.identity,
+                                       session_id=call.session_id, request_id=call.request.id,
+                                       on_progress=call.on_progress, admitted=partial(_admitted, call))
+
     async def _call_tool(self, call: Call) -> JsonObj:
         params = call.params or {}
         identity, session_id = call.identity, call.session_id
@@ -351,7 +361,9 @@ class Dispatcher:
         started = self._clock()
         outcome = "error"
         try:
-            reply = await self._policy.run(admission, lambda: self._pool.call_tool(params, on_progress=on_progress))
+            reply = self._tasks.sealed(
+                await self._policy.run(admission, lambda: self._pool.call_tool(params, on_progress=on_progress)),
+                upstream, token_id=identity.token_id, session_id=session_id)
             outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")
                                                         else "ok")
             return reply

@@ -135,6 +135,10 @@ class FakePool(QuietLifecycle):
     async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         return await self.call("tools/call", params, on_progress=on_progress)
 
+    async def task_request(self, upstream: str, method: str, params: JsonObj, *,
+                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+        return await self.call(method, params, on_progress=on_progress)
+
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         return await self.call("resources/read", params, on_progress=on_progress)
 

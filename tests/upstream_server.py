@@ -30,7 +30,7 @@ import wave
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -49,6 +49,17 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.shared.message import ServerMessageMetadata
+
+try:  # run as a script (tests/ on the path) or imported as tests.upstream_server
+    from upstream_tasks import (  # type: ignore[import-not-found]
+        TASK_TOOLS,
+        TaskStore,
+        install,
+        session_capabilities,
+        task_tool_defs,
+    )
+except ImportError:  # pragma: no cover - the import path depends on how the module is loaded
+    from tests.upstream_tasks import TASK_TOOLS, TaskStore, install, session_capabilities, task_tool_defs
 
 JsonObj = dict[str, Any]
 
@@ -238,6 +249,7 @@ class State:
     log_level: str | None = None
     conformance: ConformanceState | None = None  # set by --conformance
     era: str = "2025"  # set by --era (or --modern-only, --conformance): "2025", "2026" or "both"
+    tasks: TaskStore | None = None  # the tasks extension (tests/upstream_tasks.py): --conformance at 2026-07-28
     trace_file: str | None = None  # set by --trace-file: each tool call's trace context, as received, appended
     ledger: str | None = None  # set by --ledger: each ``pay`` call's arguments, appended as a JSON line
     paying: list[Any] = field(default_factory=list)  # the pay_slow calls waiting: their release events
@@ -670,6 +682,8 @@ def build_server(state: State) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         defs = state.tool_defs() + (conf_tool_defs(state.conformance) if state.conformance else [])
+        if state.tasks is not None:
+            defs += task_tool_defs()
         page = _page(defs, params.cursor if params else None, state.page_size, "tools")
         return types.ListToolsResult.model_validate(page)
 
@@ -684,11 +698,18 @@ def build_server(state: State) -> Server[Any]:
         if state.trace_file is not None:
             record_trace_context(state.trace_file, ctx, params.name)
         found = await run_tool(ctx, params)
+        if found.get("resultType") in ("task", "input_required") and params.name in TASK_TOOLS:
+            # A CreateTaskResult (tests/upstream_tasks.py) has no SDK model: the runner sends a handler's dict as is.
+            return cast(types.CallToolResult, found)
         if found.get("resultType") == "input_required":
             return types.InputRequiredResult.model_validate(found)
         return types.CallToolResult.model_validate(found)
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
+        if state.tasks is not None and params.name in TASK_TOOLS:
+            created: JsonObj = await state.tasks.call(params.name, params.arguments or {}, params.meta,
+                                                      session_capabilities(ctx), params.input_responses)
+            return created
         if state.conformance is not None and params.name in CONF_TOOLS:
             return await conf_run_tool(ctx, state.conformance, params)
         if params.name not in state.tools:
@@ -855,6 +876,8 @@ def build_server(state: State) -> Server[Any]:
         on_subscriptions_listen=ListenHandler(BUS) if state.era != "2025" else None,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
+    if state.tasks is not None:
+        install(server, state.tasks)
     return server
 
 
@@ -941,6 +964,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ledger", help="append each pay call's arguments here (one JSON line)")
     parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
     parser.add_argument("--modern-only", action="store_true", help="the same as --era 2026")
+    parser.add_argument("--tasks", action="store_true",
+                        help="serve the tasks extension (tests/upstream_tasks.py; also with --conformance) at 2026")
     parser.add_argument("--era", choices=["2025", "2026", "both"], default=None,
                         help="the revisions served: 2025 (default; with --conformance: both), 2026-07-28 only "
                              "(no initialize; subscriptions/listen and the mrtr_ask tool), or both")
@@ -954,6 +979,8 @@ def main(argv: list[str] | None = None) -> None:
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
                   conformance=ConformanceState() if args.conformance else None, era=era,
                   trace_file=args.trace_file, ledger=args.ledger)
+    if (args.tasks or args.conformance) and era != "2025":
+        state.tasks = TaskStore()
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     state.tools += [args.prefix + t for t in MODERN_TOOLS] if era != "2025" else []
     state.tools += [args.prefix + t for t in GOVERNANCE_TOOLS] if args.governance else []

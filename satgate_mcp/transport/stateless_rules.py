@@ -45,11 +45,13 @@ ROUTING_HEADERS = (VERSION_HEADER, METHOD_HEADER, NAME_HEADER)
 BASE64_PREFIX, BASE64_SUFFIX = "=?base64?", "?="
 
 #: Where ``Mcp-Name`` comes from, for the methods that require it.
-NAME_SOURCE = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+NAME_SOURCE = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+               "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 #: What a modern client may ask of the gateway.
 MODERN_METHODS = frozenset({
     "server/discover", "tools/list", "tools/call", "prompts/list", "prompts/get", "resources/list",
     "resources/templates/list", "resources/read", "completion/complete", "subscriptions/listen",
+    "tasks/get", "tasks/update", "tasks/cancel",  # the tasks extension (task_relay.py); tasks/result, list: v1 only
 })
 #: Methods the revision removed; they are 404 -32601 like any unknown one, and named as removed.
 REMOVED_METHODS = frozenset({"initialize", "ping", "logging/setLevel", "resources/subscribe",

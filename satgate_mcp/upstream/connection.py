@@ -113,6 +113,12 @@ class UpstreamConnection(Generic[SpecT]):
     def initialize_result(self) -> JsonObj | None:
         return self._init_result
 
+    @property
+    def modern_result(self) -> JsonObj | None:
+        """A dual upstream's 2026-07-28 side's ``server/discover`` result, once found (what only that era offers)."""
+        twin = self._twin.current if self._twin is not None else None
+        return twin.initialize_result if isinstance(twin, UpstreamConnection) else None
+
     async def wait_ready(self, timeout: float) -> bool:
         return await event_within(self._ready, timeout)
 

@@ -192,7 +192,8 @@ class UpstreamPool(UpstreamListings):
         ``subscribe`` and ``listChanged`` for resources and prompts when some upstream offers
         them: the session's GET stream carries what they announce.
         """
-        return merged_capabilities([u.initialize_result for u in self._upstreams.values()])
+        return merged_capabilities([r for u in self._upstreams.values()  # a dual upstream's two eras
+                                    for r in (u.initialize_result, getattr(u, "modern_result", None))])
 
     def instructions(self) -> list[tuple[str, str]]:
         """(upstream, its ``instructions``) for every initialized upstream that gave some, in configuration order."""
@@ -259,6 +260,12 @@ class UpstreamPool(UpstreamListings):
         upstream, original = owner
         forwarded = {**params, "name": original}
         return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
+
+    async def task_request(self, upstream: str, method: str, params: JsonObj, *,
+                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+        """A task method on the upstream a sealed task id names; None when no such upstream is configured now."""
+        found = self._upstreams.get(upstream)
+        return None if found is None else _anonymous(await found.request(method, params, on_progress=on_progress))
 
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         """The owner's answer; an unknown resource's error in the client's era (-32602 + data.uri, or -32002)."""

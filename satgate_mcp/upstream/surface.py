@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from satgate_mcp.errors import GatewayError, UnknownTarget, UpstreamUnavailable
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.task_ids import TASKS_EXTENSION
 
 #: Capability -> the flags of it the gateway offers when some upstream does (its stream delivers them).
 OFFERED_FLAGS: dict[str, tuple[str, ...]] = {
@@ -30,6 +31,9 @@ def merged_capabilities(results: list[JsonObj | None]) -> JsonObj:
                 theirs = offered[key] if isinstance(offered[key], dict) else {}
                 mine = caps.setdefault(key, {})
                 mine.update({flag: True for flag in flags if theirs.get(flag) is True})
+        extensions = offered.get("extensions")
+        if isinstance(extensions, dict) and TASKS_EXTENSION in extensions:  # relayed with sealed ids (task_relay.py)
+            caps["extensions"] = {TASKS_EXTENSION: {}}
     return caps
 
 

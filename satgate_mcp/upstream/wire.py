@@ -31,7 +31,8 @@ META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
 #: What a modern upstream may ask the gateway for (``inputRequests``): it bridges each to the caller's client.
 MODERN_CLIENT_CAPABILITIES: JsonObj = {"elicitation": {}, "sampling": {}, "roots": {}}
 #: Methods whose HTTP request names its target in ``Mcp-Name`` (the param that holds it).
-NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+                 "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 #: Rounds of ``input_required`` the gateway answers for one call of a 2025 client before giving up.
 MAX_INPUT_ROUNDS = 10
 

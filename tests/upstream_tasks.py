@@ -1,0 +1,251 @@
+"""The tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663) as the test upstream serves it at 2026-07-28.
+
+The SDK has the extension seam but no tasks implementation, so the conformance upstream keeps its tasks here:
+server-directed creation (a task-supporting tool answers ``resultType: "task"`` when the request declares the
+extension), ``tasks/get`` with the result or error inlined, ``tasks/cancel`` (an empty ack, idempotent), and
+``-32021`` for a client that did not declare the extension. ``tasks/result`` and ``tasks/list`` are gone in v2
+(the SDK answers ``-32601`` for them, as for any unknown method). The fixtures are the ones the conformance
+runner's tasks scenarios name: ``greet`` (sync only), ``slow_compute``, ``failing_job`` (task support
+required), ``protocol_error_job``, ``confirm_delete`` and ``multi_input`` (a task in ``input_required``, answered
+by ``tasks/update``), ``test_tool_with_task`` (an MRTR round, then a task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import RequestParams
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
+MISSING_CAPABILITY = -32021
+INVALID_PARAMS = -32602
+TTL_MS = 600_000
+POLL_MS = 200
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+JsonObj = dict[str, Any]
+
+
+def _schema(**props: str) -> JsonObj:
+    return {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}}
+
+
+#: Tool name -> (input schema, task support: "forbidden", "optional" or "required").
+TASK_TOOLS: dict[str, tuple[JsonObj, str]] = {
+    "greet": (_schema(name="string"), "forbidden"),
+    "slow_compute": (_schema(seconds="number", label="string"), "optional"),
+    "failing_job": (_schema(), "required"),
+    "protocol_error_job": (_schema(), "optional"),
+    "confirm_delete": (_schema(filename="string"), "optional"),
+    "multi_input": (_schema(), "optional"),
+    "test_tool_with_task": (_schema(), "required"),
+}
+
+
+def _elicit(message: str, **props: str) -> JsonObj:
+    """An ``elicitation/create`` request as a task's (or an MRTR round's) input request."""
+    return {"method": "elicitation/create", "params": {"mode": "form", "message": message,
+                                                        "requestedSchema": _schema(**props)}}
+
+
+def _answered(answer: object, field_name: str) -> str | None:
+    """A field of an accepted elicitation answer, else None."""
+    if hasattr(answer, "model_dump"):  # the SDK parses a call's inputResponses into result models
+        answer = answer.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(answer, dict) and answer.get("action") == "accept" and isinstance(answer.get("content"), dict):
+        value = answer["content"].get(field_name)
+        return None if value is None else str(value)
+    return None
+
+
+def task_tool_defs() -> list[JsonObj]:
+    return [{"name": name, "description": f"tasks fixture {name}", "inputSchema": schema}
+            for name, (schema, _support) in TASK_TOOLS.items()]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def declares_tasks(meta: object, session_capabilities: object) -> bool:
+    """Whether the request (its ``_meta`` client capabilities) or the session declared the extension."""
+    declared = meta.get(CLIENT_CAPABILITIES_META) if isinstance(meta, dict) else None
+    for caps in (declared, session_capabilities):
+        extensions = caps.get("extensions") if isinstance(caps, dict) else None
+        if isinstance(extensions, dict) and TASKS_EXTENSION in extensions:
+            return True
+    return False
+
+
+def missing_capability() -> MCPError:
+    return MCPError(MISSING_CAPABILITY, "Missing required client capability: io.modelcontextprotocol/tasks",
+                    {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+
+
+@dataclass
+class Task:
+    task_id: str
+    created: str
+    updated: str
+    status: str = "working"
+    result: JsonObj | None = None
+    error: JsonObj | None = None
+    runner: asyncio.Task[None] | None = None
+    #: Input requests still unanswered (key -> request), and the futures their answers resolve.
+    asked: dict[str, JsonObj] = field(default_factory=dict)
+    waiting: dict[str, asyncio.Future[object]] = field(default_factory=dict)
+
+    async def ask(self, key: str, request: JsonObj) -> object:
+        """Park the task in ``input_required`` until ``tasks/update`` answers ``key``."""
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.asked[key], self.waiting[key] = request, future
+        self.status, self.updated = "input_required", _now()
+        return await future
+
+    def answer(self, responses: object) -> None:
+        for key, value in (responses.items() if isinstance(responses, dict) else []):
+            future = self.waiting.pop(key, None)
+            self.asked.pop(key, None)
+            if future is not None and not future.done():
+                future.set_result(value)
+        if not self.asked and self.status == "input_required":
+            self.status, self.updated = "working", _now()
+
+    def envelope(self) -> JsonObj:
+        return {"taskId": self.task_id, "status": self.status, "createdAt": self.created,
+                "lastUpdatedAt": self.updated, "ttlMs": TTL_MS, "pollIntervalMs": POLL_MS}
+
+    def detailed(self) -> JsonObj:
+        out: JsonObj = {"resultType": "complete", **self.envelope()}
+        if self.asked and self.status == "input_required":
+            out["inputRequests"] = dict(self.asked)
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    def settle(self, status: str, *, result: JsonObj | None = None, error: JsonObj | None = None) -> None:
+        if self.status in TERMINAL:
+            return
+        self.status, self.result, self.error, self.updated = status, result, error, _now()
+
+
+async def _run_fixture(name: str, args: JsonObj, task: Task | None, gathered: str | None = None) -> JsonObj:
+    """A task-supporting fixture's work: the tool result, or MCPError for a protocol-level failure."""
+    if name == "slow_compute":
+        await asyncio.sleep(float(args.get("seconds", 1) or 0))
+        return {"content": [{"type": "text", "text": f"computed {args.get('label', '')}".strip()}]}
+    if name == "failing_job":
+        await asyncio.sleep(0.5)
+        return {"content": [{"type": "text", "text": "the job failed"}], "isError": True}
+    if name == "confirm_delete" and task is not None:
+        answer = await task.ask("confirm", _elicit(f"Delete {args.get('filename', '?')}?", confirm="boolean"))
+        verdict = "deleted" if _answered(answer, "confirm") not in (None, "False") else "kept"
+        return {"content": [{"type": "text", "text": f"{verdict} {args.get('filename', '?')}"}]}
+    if name == "multi_input" and task is not None:
+        first, second = await asyncio.gather(task.ask("first", _elicit("First name?", name="string")),
+                                             task.ask("second", _elicit("Second name?", name="string")))
+        return {"content": [{"type": "text", "text": f"{_answered(first, 'name')} {_answered(second, 'name')}"}]}
+    if name == "test_tool_with_task":
+        return {"content": [{"type": "text", "text": f"Hello, {gathered}!"}]}
+    if name in ("confirm_delete", "multi_input"):
+        return {"content": [{"type": "text", "text": f"{name} needs a task to ask its questions"}], "isError": True}
+    await asyncio.sleep(0.2)
+    raise MCPError(-32603, "protocol_error_job crashed")
+
+
+@dataclass
+class TaskStore:
+    """One upstream process's tasks (in memory: a restarted upstream knows none)."""
+
+    tasks: dict[str, Task] = field(default_factory=dict)
+
+    async def call(self, name: str, args: JsonObj, meta: object, session_capabilities: object,
+                   responses: object = None) -> JsonObj:
+        """A fixture's ``tools/call``: a sync result, an MRTR round, a ``CreateTaskResult``, or ``-32021``."""
+        if name == "greet":
+            return {"content": [{"type": "text", "text": f"Hello, {args.get('name', 'World')}!"}]}
+        support = TASK_TOOLS[name][1]
+        if not declares_tasks(meta, session_capabilities):
+            if support == "required":
+                raise missing_capability()
+            return await _run_fixture(name, args, None)
+        gathered = None
+        if name == "test_tool_with_task":  # an MRTR round first; the task only once the name is known
+            gathered = _answered((responses if isinstance(responses, dict) else {}).get("user_name"), "name")
+            if gathered is None:
+                return {"resultType": "input_required",
+                        "inputRequests": {"user_name": _elicit("What is your name?", name="string")}}
+        stamp = _now()
+        task = Task(f"task-{secrets.token_hex(8)}", stamp, stamp)
+        self.tasks[task.task_id] = task
+        task.runner = asyncio.get_running_loop().create_task(
+            self._work(task, lambda: _run_fixture(name, args, task, gathered)))
+        return {"resultType": "task", **task.envelope()}
+
+    async def _work(self, task: Task, work: Callable[[], Awaitable[JsonObj]]) -> None:
+        try:
+            result = await work()
+        except asyncio.CancelledError:
+            task.settle("cancelled")
+        except MCPError as exc:
+            task.settle("failed", error={"code": exc.code, "message": str(exc.message)})
+        else:
+            task.settle("completed", result=result)
+
+    def _find(self, params: RequestParams, session_capabilities: object) -> Task:
+        raw = params.model_dump(by_alias=True)
+        if not declares_tasks(raw.get("_meta"), session_capabilities):
+            raise missing_capability()
+        task = self.tasks.get(str(raw.get("taskId")))
+        if task is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown task: {raw.get('taskId')}")
+        return task
+
+    def get(self, params: RequestParams, session_capabilities: object) -> JsonObj:
+        return self._find(params, session_capabilities).detailed()
+
+    def cancel(self, params: RequestParams, session_capabilities: object) -> JsonObj:
+        task = self._find(params, session_capabilities)
+        if task.runner is not None and not task.runner.done():
+            task.runner.cancel()
+        task.settle("cancelled")
+        return {"resultType": "complete"}
+
+    def update(self, params: RequestParams, session_capabilities: object) -> JsonObj:
+        self._find(params, session_capabilities).answer(params.model_dump(by_alias=True).get("inputResponses"))
+        return {"resultType": "complete"}
+
+
+class TaskParams(RequestParams):
+    """``tasks/get``, ``tasks/update``, ``tasks/cancel``: a ``taskId`` (kept as given, extra fields allowed)."""
+
+    model_config = {**RequestParams.model_config, "extra": "allow"}
+
+
+def install(server: Any, store: TaskStore) -> None:
+    """The extension's methods on a low-level SDK server, and its advertisement."""
+
+    def handler(operation: Callable[[RequestParams, object], JsonObj]) -> Any:
+        async def handle(ctx: Any, params: TaskParams) -> JsonObj:
+            return operation(params, session_capabilities(ctx))
+
+        return handle
+
+    server.add_request_handler("tasks/get", TaskParams, handler(store.get))
+    server.add_request_handler("tasks/cancel", TaskParams, handler(store.cancel))
+    server.add_request_handler("tasks/update", TaskParams, handler(store.update))
+    server.extensions[TASKS_EXTENSION] = {}
+
+
+def session_capabilities(ctx: Any) -> object:
+    declared = ctx.session.client_capabilities
+    return declared.model_dump(by_alias=True, exclude_none=True) if declared is not None else None
