@@ -82,6 +82,7 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
     def expect(self, record: ChildRecord) -> None:
         """Before ``start``: the old process will send this child; until then it is in transit."""
         self._transit = Transit(record)
+        self._modern, self._init_result = record.modern, record.init_result  # what the pool lists it by
 
     def deliver(self, delivery: Delivery | None) -> None:
         """The pipes arrived (or None: they will not); late ones are closed (a fresh child was started)."""
@@ -130,6 +131,17 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
     async def _write(self, message: JsonObj) -> None:
         raise NotImplementedError
 
+    def describe(self, lists: dict[str, JsonObj], subscriptions: list[str], log_level: str | None,
+                 ) -> ChildRecord | None:
+        """The running child's record (its next id taken: ids stay unique), or None when none is running."""
+        proc = self._proc
+        if proc is None:
+            return None
+        return ChildRecord(upstream=self.name, instance=self._instance, pid=proc.pid,
+                           spec_digest=spec_digest(self._spec), modern=self._modern,
+                           init_result=self._init_result or {}, next_id=next(self._ids), lists=lists,
+                           subscriptions=subscriptions, log_level=log_level)
+
     async def hand_over(self, lists: dict[str, JsonObj], subscriptions: list[str], log_level: str | None,
                         wait: float) -> Delivery | str:
         """Give the child away once its calls in flight finished (within ``wait``); else why not.
@@ -144,10 +156,8 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
             await asyncio.wait(list(self._pending.values()), timeout=wait)
         if self._pending:
             return f"{len(self._pending)} calls still in flight after {wait:g}s"
-        record = ChildRecord(upstream=self.name, instance=self._instance, pid=proc.pid,
-                             spec_digest=spec_digest(self._spec), modern=self._modern,
-                             init_result=self._init_result or {}, next_id=next(self._ids), lists=lists,
-                             subscriptions=subscriptions, log_level=log_level)
+        record = self.describe(lists, subscriptions, log_level)
+        assert record is not None
         fds, pidfd = proc.give_away()
         self._handed_over = True
         self._begin_close()

@@ -1,0 +1,126 @@
+"""Stdio children live through a planned restart (issue 32): ``serve --handover`` passes them on, state and all.
+
+Real gateways, a real stdio upstream that counts (``counter``: its next number and its pid), and the
+official SDK client calling it back to back from several sessions while three handovers run in a row:
+no call fails, the numbers continue without a gap or repeat, and one pid answers them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+
+from tests.deploy.harness import Gateway, Gateways, LoopStats, free_port, gateway_env, mcp_session, run_until, token
+
+pytestmark = pytest.mark.process
+
+SESSIONS = 3
+CALLS_PER_PHASE = 30
+HANDOVERS = 3
+
+
+@dataclass
+class Counted:
+    """Every answer of ``counter``: the numbers given out and the pids that gave them."""
+
+    counts: list[int] = field(default_factory=list)
+    pids: set[int] = field(default_factory=set)
+
+
+async def counter_loop(session: ClientSession, stats: LoopStats, counted: Counted, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            with anyio.fail_after(15):
+                result = await session.call_tool("counter", {})
+            text = result.content[0].text if result.content else None  # type: ignore[union-attr]
+            if result.is_error or text is None:
+                stats.failures.append(f"error: {result}")
+                continue
+            answer = json.loads(text)
+            counted.counts.append(int(answer["count"]))
+            counted.pids.add(int(answer["pid"]))
+            stats.succeeded()
+        except Exception as exc:  # the assertion reports them all
+            stats.failures.append(f"{type(exc).__name__}: {exc}")
+            if len(stats.failures) > 20:
+                return
+
+
+async def take_over(gateways: Gateways, env: dict[str, str], old: Gateway, name: str) -> Gateway:
+    """A new process with ``--handover``: it asks the old one for its children; the old one stops on its own."""
+    new = await gateways.start(env, name=name, args=("--handover",))
+    await new.wait_event("listening")
+    assert await old.exited() == 0, old.tail()
+    await new.wait_event("upstream_adopted")
+    return new
+
+
+async def test_three_handovers_under_load_keep_the_child_and_its_state(gateways: Gateways, tmp_path: Path) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state))
+    old = await gateways.start(env, name="gateway-0")
+    spawned = await old.wait_event("upstream_spawned")
+    await old.wait_event("listening")
+    channel = state / "handover.sock"
+    assert stat.S_IMODE(channel.stat().st_mode) == 0o600
+    stop, calls, counted = asyncio.Event(), LoopStats(), Counted()
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(mcp_session(f"http://127.0.0.1:{port}/mcp", token(f"agent-{i}")))
+                    for i in range(SESSIONS)]
+        finish = await run_until(stop, *(counter_loop(s, calls, counted, stop) for s in sessions))
+        try:
+            await calls.reach(CALLS_PER_PHASE)
+            for round_ in range(1, HANDOVERS + 1):
+                old = await take_over(gateways, env, old, f"gateway-{round_}")
+                await calls.reach(CALLS_PER_PHASE)
+        finally:
+            await finish()
+    assert calls.failures == []
+    assert counted.pids == {spawned["pid"]}
+    assert sorted(counted.counts) == list(range(1, len(counted.counts) + 1))
+    assert not old.find("upstream_spawned"), "the last gateway started a child of its own"
+    old.signal()
+    assert await old.exited() == 0
+
+
+async def test_attack_a_handover_channel_of_another_user_is_refused(tmp_path: Path) -> None:
+    """The channel is owner-only, and the uid check refuses a peer of another user (faked: the tests run as one)."""
+    from satgate_mcp.daemon.handover import HandoverClient, HandoverError, HandoverServer, peer_allowed
+
+    assert peer_allowed(os.getuid(), os.getuid())
+    assert not peer_allowed(os.getuid() + 1, os.getuid())
+    path = tmp_path / "handover.sock"
+    asked: list[str] = []
+    server = HandoverServer(path, lambda: [], lambda: asked.append("go"), uid=os.getuid() + 1)
+    server.start()
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        client = await HandoverClient.connect(path)  # our uid is not the server's "own" one: it hangs up on us
+        assert client is not None
+        try:
+            with pytest.raises(HandoverError):
+                await client.describe()
+        finally:
+            client.close()
+        assert asked == []
+    finally:
+        await server.close()
+
+
+async def test_attack_a_handover_channel_served_by_another_user_is_not_used(tmp_path: Path) -> None:
+    """The new process checks the old one too: children and records come only from a process of its own user."""
+    from satgate_mcp.daemon.handover import HandoverClient, listen_socket
+
+    path = tmp_path / "handover.sock"
+    with listen_socket(path):
+        assert await HandoverClient.connect(path, uid=os.getuid() + 1) is None
