@@ -60,11 +60,14 @@ def socket_path(state_dir: Path) -> Path:
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     body = json.dumps(message, separators=(",", ":")).encode()
     header = HEADER.pack(len(body), len(fds or []))
-    if fds:
-        socket.send_fds(sock, [header], fds)
-    else:
-        sock.sendall(header)
-    sock.sendall(body)
+    try:
+        if fds:
+            socket.send_fds(sock, [header], fds)
+        else:
+            sock.sendall(header)
+        sock.sendall(body)
+    except OSError as exc:
+        raise HandoverError(f"the handover channel broke: {exc}") from None
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
