@@ -174,7 +174,7 @@ class HandoverServer:
         log.info("handover_requested", children=len(records))
         self._on_go()
 
-    async def send_children(self, deliveries: list[Delivery], refused: dict[str, str]) -> None:
+    async def send_children(self, deliveries: list[Delivery], refused: list[tuple[str, str | None, str]]) -> None:
         """To the taker: each child's record and descriptors (ours closed once sent), the refusals, the end."""
         conn = self.taker
         try:
@@ -186,8 +186,8 @@ class HandoverServer:
                                                 [*delivery.fds, delivery.pidfd])
                 delivery.discard()
             if conn is not None:
-                for name, reason in refused.items():
-                    await asyncio.to_thread(send_frame, conn, {"missing": name, "reason": reason})
+                for name, instance, reason in refused:
+                    await asyncio.to_thread(send_frame, conn, {"missing": name, "instance": instance, "reason": reason})
                 await asyncio.to_thread(send_frame, conn, {"done": True})
         except OSError as exc:
             log.warning("handover_channel_failed", error=str(exc))
@@ -246,7 +246,7 @@ class HandoverClient:
         self._sock.settimeout(None)  # the children come after the old process's drain
         await asyncio.to_thread(send_frame, self._sock, {"op": "go"})
 
-    async def receive(self, on_child: Callable[[str, Delivery | None], None]) -> None:
+    async def receive(self, on_child: Callable[[str, str | None, Delivery | None], None]) -> None:
         """Every child the old process sends, until it is done or gone; each as it comes."""
         try:
             while True:
@@ -254,9 +254,10 @@ class HandoverClient:
                 if message.get("done"):
                     return
                 if "missing" in message:
-                    log.warning("upstream_handover_missed", upstream=message.get("missing"),
+                    instance = message.get("instance")
+                    log.warning("upstream_handover_missed", upstream=message.get("missing"), instance=instance,
                                 reason=message.get("reason"))
-                    on_child(str(message.get("missing")), None)
+                    on_child(str(message.get("missing")), instance if isinstance(instance, str) else None, None)
                     _close_all(fds)
                     continue
                 try:
@@ -267,9 +268,9 @@ class HandoverClient:
                     continue
                 if len(fds) != CHILD_FDS:
                     _close_all(fds)
-                    on_child(record.upstream, None)
+                    on_child(record.upstream, record.instance, None)
                     continue
-                on_child(record.upstream, Delivery(record, fds[:3], fds[3]))
+                on_child(record.upstream, record.instance, Delivery(record, fds[:3], fds[3]))
         except (OSError, ValueError) as exc:
             log.warning("handover_channel_failed", error=str(exc))
         finally:

@@ -28,7 +28,7 @@ class HandoverRun:
         self._stop = stop
         self._client: HandoverClient | None = None
         self._server: HandoverServer | None = None
-        self._expected: list[str] = []
+        self._expected: list[tuple[str, str | None]] = []
         self._receiving: asyncio.Task[None] | None = None
         #: Set when the next process asked this one to stop: a SIGTERM after that is not a second signal.
         self.requested = False
@@ -71,8 +71,8 @@ class HandoverRun:
 
     async def _receive(self, client: HandoverClient, pool: UpstreamPool) -> None:
         await client.receive(partial(deliver, pool))
-        for name in self._expected:  # any child that did not come starts fresh now
-            deliver(pool, name, None)
+        for name, instance in self._expected:  # any child that did not come starts fresh now
+            deliver(pool, name, instance, None)
 
     def _requested(self) -> None:
         self.requested = True

@@ -19,6 +19,7 @@ import anyio
 import pytest
 from mcp.client.session import ClientSession
 
+from tests.conftest import upstream_command
 from tests.deploy.harness import Gateway, Gateways, LoopStats, free_port, gateway_env, mcp_session, run_until, token
 
 pytestmark = pytest.mark.process
@@ -64,20 +65,23 @@ async def take_over(gateways: Gateways, env: dict[str, str], old: Gateway, name:
     return new
 
 
-async def test_three_handovers_under_load_keep_the_child_and_its_state(gateways: Gateways, tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["shared", "session"])
+async def test_three_handovers_under_load_keep_the_children_and_their_state(
+        gateways: Gateways, tmp_path: Path, isolation: str) -> None:
     port = free_port()
     state = tmp_path / "state"
-    env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state))
+    upstreams = json.dumps({"up": {"transport": "stdio", "command": upstream_command(), "isolation": isolation}})
+    env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state), SATGATE_UPSTREAMS=upstreams)
     old = await gateways.start(env, name="gateway-0")
-    spawned = await old.wait_event("upstream_spawned")
     await old.wait_event("listening")
-    channel = state / "handover.sock"
-    assert stat.S_IMODE(channel.stat().st_mode) == 0o600
-    stop, calls, counted = asyncio.Event(), LoopStats(), Counted()
+    assert stat.S_IMODE((state / "handover.sock").stat().st_mode) == 0o600
+    stop, calls = asyncio.Event(), LoopStats()
+    counted = [Counted() for _ in range(SESSIONS)]
     async with contextlib.AsyncExitStack() as stack:
         sessions = [await stack.enter_async_context(mcp_session(f"http://127.0.0.1:{port}/mcp", token(f"agent-{i}")))
                     for i in range(SESSIONS)]
-        finish = await run_until(stop, *(counter_loop(s, calls, counted, stop) for s in sessions))
+        finish = await run_until(stop, *(counter_loop(s, calls, c, stop) for s, c in zip(sessions, counted,
+                                                                                           strict=True)))
         try:
             await calls.reach(CALLS_PER_PHASE)
             for round_ in range(1, HANDOVERS + 1):
@@ -86,9 +90,17 @@ async def test_three_handovers_under_load_keep_the_child_and_its_state(gateways:
         finally:
             await finish()
     assert calls.failures == []
-    assert counted.pids == {spawned["pid"]}
-    assert sorted(counted.counts) == list(range(1, len(counted.counts) + 1))
+    first = gateways.started[0]
+    if isolation == "shared":  # one child for all: one pid, and one count shared by every session
+        assert set().union(*(c.pids for c in counted)) == {first.find("upstream_spawned")[0]["pid"]}
+        every = sorted(n for c in counted for n in c.counts)
+        assert every == list(range(1, len(every) + 1))
+    else:  # a child per session: each keeps its own pid and its own count
+        assert [len(c.pids) for c in counted] == [1] * SESSIONS
+        assert len(set().union(*(c.pids for c in counted))) == SESSIONS
+        assert all(c.counts == list(range(1, len(c.counts) + 1)) for c in counted)
     assert not old.find("upstream_spawned"), "the last gateway started a child of its own"
+    assert not old.find("upstream_instance_spawning"), "the last gateway started a client child of its own"
     old.signal()
     assert await old.exited() == 0
 
