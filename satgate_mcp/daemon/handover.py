@@ -6,7 +6,9 @@ The socket lives in the state folder, owner-only (0600), and each side checks th
 
 1. new -> old ``{"op": "describe"}``; old -> new ``{"records": [...]}``: the new process plans its start
    with them (lists known, calls for those children wait for them), and listens;
-2. new -> old ``{"op": "go"}`` once it listens: the old one stops as on SIGTERM (stops listening, drains);
+2. new -> old ``{"op": "go", "expect": [[upstream, instance], ...]}`` once it listens: the old one stops as on
+   SIGTERM (stops listening, drains); the children the new one does not expect (it refused their records)
+   are stopped by the old one as on any stop;
 3. old -> new, after the drain, per child ``{"record": {...}}`` with its stdin, stdout, stderr and pidfd,
    or ``{"missing": name, "reason": ...}``; then ``{"done": true}``.
 """
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 from collections.abc import Callable
@@ -110,6 +113,14 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
 
 
+def _stop_unadopted(fds: list[int]) -> None:
+    """A child whose record cannot be read is asked to stop (through its pidfd), never left running."""
+    if len(fds) == CHILD_FDS:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fds[CHILD_FDS - 1], signal.SIGTERM)
+    _close_all(fds)
+
+
 def listen_socket(path: Path) -> socket.socket:
     """Bound under a temporary name, made owner-only, then renamed into place: never connectable more widely."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -136,6 +147,8 @@ class HandoverServer:
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
         #: The connection of the process that said "go": it gets the children.
+        #: The children it expects, as (upstream, instance).
+        self.expected: set[tuple[str, str | None]] = set()
         self.taker: socket.socket | None = None
 
     def start(self) -> None:
@@ -171,6 +184,8 @@ class HandoverServer:
         if message.get("op") != "go":
             raise HandoverError(f"unexpected request {message.get('op')!r}")
         self.taker = conn
+        self.expected = {(str(pair[0]), pair[1] if isinstance(pair[1], str) else None)
+                         for pair in message.get("expect") or [] if isinstance(pair, list) and len(pair) == 2}
         log.info("handover_requested", children=len(records))
         self._on_go()
 
@@ -242,9 +257,9 @@ class HandoverClient:
                 log.warning("upstream_handover_refused", reason=str(exc))
         return records
 
-    async def go(self) -> None:
+    async def go(self, expected: list[tuple[str, str | None]]) -> None:
         self._sock.settimeout(None)  # the children come after the old process's drain
-        await asyncio.to_thread(send_frame, self._sock, {"op": "go"})
+        await asyncio.to_thread(send_frame, self._sock, {"op": "go", "expect": [list(pair) for pair in expected]})
 
     async def receive(self, on_child: Callable[[str, str | None, Delivery | None], None]) -> None:
         """Every child the old process sends, until it is done or gone; each as it comes."""
@@ -264,10 +279,10 @@ class HandoverClient:
                     record = from_json(json.dumps(message.get("record")).encode())
                 except BadRecord as exc:
                     log.warning("upstream_handover_refused", reason=str(exc))
-                    _close_all(fds)
+                    _stop_unadopted(fds)
                     continue
                 if len(fds) != CHILD_FDS:
-                    _close_all(fds)
+                    _stop_unadopted(fds)
                     on_child(record.upstream, record.instance, None)
                     continue
                 on_child(record.upstream, record.instance, Delivery(record, fds[:3], fds[3]))

@@ -57,7 +57,7 @@ class HandoverRun:
             return
         if self._client is not None:
             try:
-                await self._client.go()
+                await self._client.go(self._expected)
             except OSError as exc:
                 log.warning("handover_channel_failed", error=str(exc))
             self._receiving = asyncio.create_task(self._receive(self._client, pool), name="handover-receive")
@@ -86,7 +86,7 @@ class HandoverRun:
         if server is None:
             return
         if server.taker is not None and self._pool is not None:
-            deliveries, refused = await give_children(self._pool, wait)
+            deliveries, refused = await give_children(self._pool, wait, server.expected)
             await server.send_children(deliveries, refused)
         await server.close()
 

@@ -119,11 +119,15 @@ def expect_children(pool: UpstreamPool, records: list[ChildRecord]) -> list[tupl
     return expected
 
 
-async def give_children(pool: UpstreamPool, wait: float) -> tuple[list[Delivery], list[tuple[str, str | None, str]]]:
-    """Hand over every child that can be (each waits for its calls in flight, within ``wait``); why not, else."""
+async def give_children(pool: UpstreamPool, wait: float, expected: set[tuple[str, str | None]],
+                        ) -> tuple[list[Delivery], list[tuple[str, str | None, str]]]:
+    """Hand over every child expected that can be (each waits for its calls in flight, within ``wait``); why not,
+    else. A child not expected (the next process refused its record) stays, and stops with this process."""
     deliveries: list[Delivery] = []
     refused: list[tuple[str, str | None, str]] = []
     for unit in units(pool):
+        if (unit.name, unit.upstream._instance) not in expected:
+            continue
         given = await unit.upstream.hand_over(unit.lists, unit.subscriptions, unit.log_level, wait=wait)
         if isinstance(given, str):
             refused.append((unit.name, unit.upstream._instance, given))
@@ -151,4 +155,4 @@ def deliver(pool: UpstreamPool, name: str, instance: str | None, delivery: Deliv
     if upstream is not None:
         upstream.deliver(delivery)
     elif delivery is not None:
-        delivery.discard()
+        delivery.refuse()

@@ -10,8 +10,10 @@ and adopts it without a new ``initialize``: same pid, same state. Until the pipe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+import signal
 from dataclasses import dataclass, field
 
 from satgate_mcp import jsonrpc
@@ -36,7 +38,14 @@ class Delivery:
     pidfd: int
 
     def discard(self) -> None:
+        """Close this process's copies (the sender's, once sent)."""
         close_fds([*self.fds, self.pidfd])
+
+    def refuse(self) -> None:
+        """A child that arrived but is not adopted: asked to stop (its pipes close too), never left running."""
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
+        self.discard()
 
 
 @dataclass
@@ -90,7 +99,7 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
         if transit is None or transit.arrived.done():
             if delivery is not None:
                 self._log.warning("upstream_handover_late", pid=delivery.record.pid)
-                delivery.discard()
+                delivery.refuse()
             return
         transit.arrived.set_result(delivery)
 

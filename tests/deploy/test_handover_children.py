@@ -20,7 +20,17 @@ import pytest
 from mcp.client.session import ClientSession
 
 from tests.conftest import upstream_command
-from tests.deploy.harness import Gateway, Gateways, LoopStats, free_port, gateway_env, mcp_session, run_until, token
+from tests.deploy.harness import (
+    Gateway,
+    Gateways,
+    LoopStats,
+    free_port,
+    gateway_env,
+    mcp_session,
+    pid_alive,
+    run_until,
+    token,
+)
 
 pytestmark = pytest.mark.process
 
@@ -103,6 +113,27 @@ async def test_three_handovers_under_load_keep_the_children_and_their_state(
     assert not old.find("upstream_instance_spawning"), "the last gateway started a client child of its own"
     old.signal()
     assert await old.exited() == 0
+
+
+async def test_a_child_whose_command_changed_is_started_fresh_and_the_old_one_stopped(
+        gateways: Gateways, tmp_path: Path) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state))
+    old = await gateways.start(env, name="old")
+    before = (await old.wait_event("upstream_spawned"))["pid"]
+    await old.wait_event("listening")
+    changed = json.dumps({"up": {"transport": "stdio", "command": upstream_command(), "env": {"CHANGED": "1"}}})
+    new = await gateways.start({**env, "SATGATE_UPSTREAMS": changed}, name="new", args=("--handover",))
+    refused = await new.wait_event("upstream_handover_refused")
+    assert "command, env" in refused["reason"]
+    assert refused["pid"] == before
+    assert await old.exited() == 0, old.tail()
+    after = (await new.wait_event("upstream_spawned"))["pid"]
+    assert after != before
+    assert not pid_alive(before), "the child nobody adopted was left running"
+    new.signal()
+    assert await new.exited() == 0
 
 
 async def test_attack_a_handover_channel_of_another_user_is_refused(tmp_path: Path) -> None:
