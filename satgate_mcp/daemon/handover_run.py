@@ -14,7 +14,9 @@ from pathlib import Path
 
 import structlog
 
+from satgate_mcp.daemon.fdstore import split_inherited, stored_deliveries
 from satgate_mcp.daemon.handover import HandoverClient, HandoverServer, socket_path
+from satgate_mcp.daemon.sockets import InheritedFd
 from satgate_mcp.upstream.pool import UpstreamPool
 from satgate_mcp.upstream.pool_handover import deliver, describe_children, expect_children, give_children
 
@@ -22,10 +24,12 @@ log = structlog.get_logger("satgate_mcp.runner")
 
 
 class HandoverRun:
-    def __init__(self, pool: object, state_dir: Path | None, stop: asyncio.Event) -> None:
+    def __init__(self, pool: object, state_dir: Path | None, stop: asyncio.Event,
+                 stored: list[InheritedFd] | None = None) -> None:
         self._pool = pool if isinstance(pool, UpstreamPool) else None
         self._path = socket_path(state_dir) if state_dir is not None else None
         self._stop = stop
+        self._stored = stored or []
         self._client: HandoverClient | None = None
         self._server: HandoverServer | None = None
         self._expected: list[tuple[str, str | None]] = []
@@ -34,7 +38,10 @@ class HandoverRun:
         self.requested = False
 
     async def before_start(self, handover: bool) -> None:
-        """With ``--handover``: what the old process runs; its children are expected, not spawned."""
+        """With ``--handover``: what the old process runs; its children are expected, not spawned. After a crash
+        under systemd: the children kept in its fd store, adopted at once."""
+        if self._stored and self._pool is not None:
+            self._adopt_stored(self._pool)
         if not handover or self._pool is None or self._path is None:
             return
         self._client = await HandoverClient.connect(self._path)
@@ -49,6 +56,17 @@ class HandoverRun:
             return
         self._expected = expect_children(self._pool, records)
         log.info("handover_expecting", children=self._expected)
+
+    def _adopt_stored(self, pool: UpstreamPool) -> None:
+        deliveries = stored_deliveries(split_inherited(self._stored)[1])
+        self._stored = []
+        expected = set(expect_children(pool, [d.record for d in deliveries]))
+        for delivery in deliveries:
+            if (delivery.record.upstream, delivery.record.instance) in expected:
+                deliver(pool, delivery.record.upstream, delivery.record.instance, delivery)
+            else:
+                delivery.refuse()
+        log.info("fd_store_adopting", children=sorted(expected, key=str))
 
     async def after_listening(self) -> None:
         """Tell the old process to go and take its children as they come; open this process's own channel."""

@@ -34,15 +34,17 @@ from aiohttp import web
 from satgate_mcp.app import create_app
 from satgate_mcp.daemon.children import terminate_leftover_children
 from satgate_mcp.daemon.drain import ConnectionTracker, Sleep, drain, exit_code, first_of
+from satgate_mcp.daemon.fdstore import FdStore, fd_store_enabled
 from satgate_mcp.daemon.handover_run import HandoverRun
 from satgate_mcp.daemon.notify import Notifier
-from satgate_mcp.daemon.sockets import Listener, ListenError, acquire_listeners, stop_listening
+from satgate_mcp.daemon.sockets import InheritedFd, Listener, ListenError, acquire_listeners, stop_listening
 from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.keys import POOL
 from satgate_mcp.settings import Settings
 from satgate_mcp.stores.folder import resolve_state_dir
 from satgate_mcp.upstream.child_process import HANDED_OVER
+from satgate_mcp.upstream.stdio_handover import set_store
 
 log = structlog.get_logger("satgate_mcp.runner")
 
@@ -195,14 +197,16 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     """Serve until a signal, drain, clean up; return the process exit code."""
     loop = asyncio.get_running_loop()
     clock = loop.time  # what asyncio's own timeouts count in
+    stored: list[InheritedFd] = []  # stdio children systemd kept for us (fdstore)
     try:
         # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
         # configuration error: it propagates to the CLI, which prints its one line and exits 2.
-        listeners = acquire_listeners(settings, environ, pid)
+        listeners = acquire_listeners(settings, environ, pid, stored)
     except ListenError as exc:
         log.error("listen_failed", error=str(exc))
         raise StartFailed(str(exc)) from None
     notifier = Notifier.from_environ(environ)
+    set_store(FdStore(notifier) if fd_store_enabled(environ) and notifier.address else None)
     stop, cut = asyncio.Event(), asyncio.Event()
     handover = HandoverRun(None, resolve_state_dir(settings.state_dir, environ), stop)
 
@@ -223,7 +227,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     try:
         tracker = ConnectionTracker(clock, max_connections=settings.max_connections)
         app = create_app(settings)
-        handover = HandoverRun(app[POOL], resolve_state_dir(settings.state_dir, environ), stop)
+        handover = HandoverRun(app[POOL], resolve_state_dir(settings.state_dir, environ), stop, stored)
         # Outermost, so a request counts as busy until every other middleware is done with its response.
         app.middlewares.insert(0, tracker.middleware)
         app.on_response_prepare.append(tracker.on_response_prepare)

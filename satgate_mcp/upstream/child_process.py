@@ -82,6 +82,10 @@ class ChildProcess:
         HANDED_OVER.add(self.pid)
         return [os.dup(fd) for fd in self._raw], os.dup(self._pidfd)
 
+    def duplicates(self) -> tuple[list[int], int]:
+        """Copies of the pipes and pidfd to keep elsewhere (systemd's fd store); the child stays ours."""
+        return [os.dup(fd) for fd in self._raw], os.dup(self._pidfd)
+
     def release(self) -> None:
         """Close this process's ends: after a handover the child's pipes stay open in the next process."""
         with contextlib.suppress(ValueError, RuntimeError):

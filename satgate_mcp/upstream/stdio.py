@@ -154,7 +154,7 @@ class StdioUpstream(StdioHandover):
         self._last_stderr = None  # this child's own last line, not its predecessor's
         errors = asyncio.create_task(self._read_stderr(proc))
         exited = asyncio.create_task(proc.wait())
-        init = asyncio.create_task(self._initialize() if delivery is None else self._resume(delivery.record))
+        init = asyncio.create_task(self._initialize() if delivery is None else self._resume(delivery))
         failure: str | None = None
         try:
             failure = await self._watch(proc, init, reader, exited)

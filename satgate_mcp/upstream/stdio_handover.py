@@ -15,6 +15,7 @@ import itertools
 import os
 import signal
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
@@ -29,6 +30,26 @@ TRANSIT_SECONDS = 5.0
 ADOPTED_LISTEN_ID = "satgate-listen-adopted"
 
 
+#: Added to the next id of a child adopted after a crash: answers to the dead process's requests match nothing.
+GENERATION_STRIDE = 1 << 32
+
+
+class ChildStore(Protocol):
+    """Where a running child's pipes and record are kept so that a crashed process's successor finds them."""
+
+    def keep(self, record: ChildRecord, fds: list[int], pidfd: int) -> None: ...
+
+    def forget(self, upstream: str, instance: str | None) -> None: ...
+
+
+_STORE: list[ChildStore] = []
+
+
+def set_store(store: ChildStore | None) -> None:
+    """The runner's fd store (systemd's), or None: children are then kept nowhere but here."""
+    _STORE[:] = [] if store is None else [store]
+
+
 @dataclass
 class Delivery:
     """A child's record with its pipes (stdin's write end, stdout's and stderr's read ends) and pidfd."""
@@ -36,6 +57,8 @@ class Delivery:
     record: ChildRecord
     fds: list[int]
     pidfd: int
+    #: From the fd store after a crash (not handed over): its last line may be half written, its ids reused.
+    crashed: bool = False
 
     def discard(self) -> None:
         """Close this process's copies (the sender's, once sent)."""
@@ -126,12 +149,16 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
         if transit is not None:
             await asyncio.wait({asyncio.shield(transit.arrived)}, timeout=TRANSIT_SECONDS)
 
-    async def _resume(self, record: ChildRecord) -> None:
+    async def _resume(self, delivery: Delivery) -> None:
         """Adopt what the old process knew instead of ``initialize``: the child never notices the restart."""
+        record = delivery.record
         self._transit = None
         self._modern, self._init_result = record.modern, record.init_result
-        self._ids = itertools.count(record.next_id)
-        self._log.info("upstream_adopted", pid=record.pid, next_id=record.next_id)
+        next_id = record.next_id + (GENERATION_STRIDE if delivery.crashed else 0)
+        self._ids = itertools.count(next_id)
+        self._log.info("upstream_adopted", pid=record.pid, next_id=next_id, crashed=delivery.crashed)
+        if delivery.crashed:  # ends a request the dead process left half written: the child reads one bad line
+            await self._write_raw(b"\n")
         if record.modern:  # the old process's listen stream went with it: this one opens its own
             self._resource_subscriptions |= set(record.subscriptions)
             self._listen_id = f"{ADOPTED_LISTEN_ID}-{os.getpid()}-{next(self._listens)}"
@@ -139,6 +166,28 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
 
     async def _write(self, message: JsonObj) -> None:
         raise NotImplementedError
+
+    async def _write_raw(self, data: bytes) -> None:
+        proc = self._proc
+        if proc is not None and not proc.stdin.is_closing():
+            with contextlib.suppress(OSError):
+                proc.stdin.write(data)
+                await proc.stdin.drain()
+
+    def _mark_ready(self) -> None:
+        super()._mark_ready()
+        proc = self._proc
+        if _STORE and proc is not None:  # kept in the fd store: a crash of this process does not lose it
+            record = self.describe({}, sorted(self._resource_subscriptions), None)
+            if record is not None:
+                _STORE[0].keep(record, *proc.duplicates())
+
+    def _begin_close(self) -> bool:
+        """A child stopped with its process (not handed over) leaves the fd store with it."""
+        closing = super()._begin_close()
+        if closing and _STORE and not self._handed_over:
+            _STORE[0].forget(self.name, self._instance)
+        return closing
 
     def describe(self, lists: dict[str, JsonObj], subscriptions: list[str], log_level: str | None,
                  ) -> ChildRecord | None:

@@ -27,10 +27,10 @@ from tests.deploy.harness import (
     free_port,
     gateway_env,
     mcp_session,
-    pid_alive,
     run_until,
     token,
 )
+from tests.gateway_process import exited
 
 pytestmark = pytest.mark.process
 
@@ -131,7 +131,7 @@ async def test_a_child_whose_command_changed_is_started_fresh_and_the_old_one_st
     assert await old.exited() == 0, old.tail()
     after = (await new.wait_event("upstream_spawned"))["pid"]
     assert after != before
-    assert not pid_alive(before), "the child nobody adopted was left running"
+    assert await exited(before, 5.0), "the child nobody adopted was left running"
     new.signal()
     assert await new.exited() == 0
 
