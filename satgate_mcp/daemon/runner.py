@@ -193,11 +193,10 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
     return exit_code(report.reason)
 
 
-async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> ExitCode:
-    """Serve until a signal, drain, clean up; return the process exit code."""
-    loop = asyncio.get_running_loop()
-    clock = loop.time  # what asyncio's own timeouts count in
-    stored: list[InheritedFd] = []  # stdio children systemd kept for us (fdstore)
+def _acquire(settings: Settings, environ: MutableMapping[str, str], pid: int,
+             ) -> tuple[list[Listener], list[InheritedFd], Notifier]:
+    """The listening sockets, the stdio children systemd kept for us (``fdstore``), and sd_notify."""
+    stored: list[InheritedFd] = []
     try:
         # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
         # configuration error: it propagates to the CLI, which prints its one line and exits 2.
@@ -207,6 +206,14 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         raise StartFailed(str(exc)) from None
     notifier = Notifier.from_environ(environ)
     set_store(FdStore(notifier) if fd_store_enabled(environ) and notifier.address else None)
+    return listeners, stored, notifier
+
+
+async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> ExitCode:
+    """Serve until a signal, drain, clean up; return the process exit code."""
+    loop = asyncio.get_running_loop()
+    clock = loop.time  # what asyncio's own timeouts count in
+    listeners, stored, notifier = _acquire(settings, environ, pid)
     stop, cut = asyncio.Event(), asyncio.Event()
     handover = HandoverRun(None, resolve_state_dir(settings.state_dir, environ), stop)
 
