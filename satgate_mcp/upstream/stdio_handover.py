@@ -100,6 +100,8 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
     #: Set once this process gave its child away: its end is not the child's end.
     _handed_over = False
     _instance: str | None = None
+    #: What the pool told this (shared) child: subscriptions and log level, kept in its stored record.
+    _kept: tuple[list[str], str | None] = ([], None)
 
     @property
     def ready(self) -> bool:
@@ -176,9 +178,21 @@ class StdioHandover(UpstreamConnection[StdioUpstreamSpec]):
 
     def _mark_ready(self) -> None:
         super()._mark_ready()
+        self._store()
+
+    def keep_state(self, subscriptions: list[str], log_level: str | None) -> None:
+        """The pool's state for this child changed: its stored record is replaced."""
+        if self._kept != (subscriptions, log_level):
+            self._kept = (subscriptions, log_level)
+            if self._ready.is_set():
+                self._store()
+
+    def _store(self) -> None:
+        """Kept in the fd store (when there is one): a crash of this process does not lose the child."""
         proc = self._proc
-        if _STORE and proc is not None:  # kept in the fd store: a crash of this process does not lose it
-            record = self.describe({}, sorted(self._resource_subscriptions), None)
+        if _STORE and proc is not None:
+            subscriptions = sorted(set(self._kept[0]) | self._resource_subscriptions)
+            record = self.describe({}, subscriptions, self._kept[1])
             if record is not None:
                 _STORE[0].keep(record, *proc.duplicates())
 

@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,11 @@ async def restart_from_store(gateways: Gateways, env: dict[str, str], store: Fak
     return gateway
 
 
+def stored_state(store: FakeSystemd) -> dict[str, Any]:
+    states = [fd for name, fd in store.fds.items() if name.endswith("-state")]
+    return json.loads(os.pread(states[0], 1 << 20, 0)) if len(states) == 1 else {}
+
+
 async def counter(port: int) -> dict[str, int]:
     async with mcp_session(f"http://127.0.0.1:{port}/mcp", token("agent")) as session:
         result = await session.call_tool("counter", {})
@@ -132,12 +138,17 @@ async def crash_with_child(gateways: Gateways, store: FakeSystemd) -> tuple[int,
     await store.until(lambda: ROLES in store.children().values())
     assert [(await counter(port))["count"] for _ in range(2)] == [1, 2]
     pid = (await counter(port))["pid"]
+    async with mcp_session(f"http://127.0.0.1:{port}/mcp", token("subscriber")) as session:
+        uri = str((await session.list_resources()).resources[0].uri)
+        await session.subscribe_resource(uri)  # the shared child's stored record follows what it was told
+        await store.until(lambda: uri in stored_state(store).get("subscriptions", []))
     os.kill(first.pid, signal.SIGKILL)
     assert await first.exited() == -signal.SIGKILL
     assert pid_alive(pid)
     return port, env, pid
 
 
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
 async def test_a_killed_daemon_s_successor_adopts_its_children_from_the_fd_store(
         gateways: Gateways, store: FakeSystemd) -> None:
     port, env, pid = await crash_with_child(gateways, store)
@@ -151,6 +162,7 @@ async def test_a_killed_daemon_s_successor_adopts_its_children_from_the_fd_store
     assert await second.exited() == 0
 
 
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
 async def test_a_corrupt_state_memfd_gives_a_fresh_child_never_a_crash(
         gateways: Gateways, store: FakeSystemd) -> None:
     port, env, pid = await crash_with_child(gateways, store)
