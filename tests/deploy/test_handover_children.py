@@ -136,6 +136,29 @@ async def test_a_child_whose_command_changed_is_started_fresh_and_the_old_one_st
     assert await new.exited() == 0
 
 
+async def test_an_adopted_child_that_dies_is_restarted_as_any_child(gateways: Gateways, tmp_path: Path) -> None:
+    """Not the new process's child, so no SIGCHLD: its pidfd says it died, and it is restarted as today."""
+    port = free_port()
+    env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(tmp_path / "state"))
+    old = await gateways.start(env, name="old")
+    before = (await old.wait_event("upstream_spawned"))["pid"]
+    await old.wait_event("listening")
+    new = await take_over(gateways, env, old, "new")
+    async with mcp_session(f"http://127.0.0.1:{port}/mcp", token("agent")) as session:
+        first = json.loads((await session.call_tool("counter", {})).content[0].text)  # type: ignore[union-attr]
+        assert first["pid"] == before
+        with contextlib.suppress(Exception):  # the call that kills it fails as a crash does
+            await session.call_tool("crash", {})
+        fresh = (await new.wait_event("upstream_spawned"))["pid"]
+        assert (await new.wait_event("upstream_restarting"))["reason"]
+        await new.wait_line(lambda e: e.get("event") == "upstream_ready" and e.get("pid") == fresh, "upstream_ready")
+        again = json.loads((await session.call_tool("counter", {})).content[0].text)  # type: ignore[union-attr]
+    assert again == {"count": 1, "pid": fresh}
+    assert fresh != before
+    new.signal()
+    assert await new.exited() == 0
+
+
 async def test_attack_a_handover_channel_of_another_user_is_refused(tmp_path: Path) -> None:
     """The channel is owner-only, and the uid check refuses a peer of another user (faked: the tests run as one)."""
     from satgate_mcp.daemon.handover import HandoverClient, HandoverError, HandoverServer, peer_allowed
