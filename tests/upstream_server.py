@@ -87,6 +87,8 @@ BASE_TOOLS: dict[str, JsonObj] = {
     "headers": _schema(),
     "seen_meta": _schema(),
     "whoami": _schema(),
+    # Process state a restart loses and a handover keeps: the next number, and this process's pid.
+    "counter": _schema(),
     "seen_era": _schema(),
     "add_tool": {"type": "object", "properties": {"name": {"type": "string"}, "standalone": {"type": "boolean"}}},
     # Rewrites another tool's definition (a rug pull): the fields given replace that tool's, then list_changed.
@@ -246,6 +248,7 @@ class State:
     tools: list[str] = field(default_factory=list)
     cancelled: list[Any] = field(default_factory=list)
     hang_interrupted: int = 0
+    counter: int = 0
     log_level: str | None = None
     conformance: ConformanceState | None = None  # set by --conformance
     era: str = "2025"  # set by --era (or --modern-only, --conformance): "2025", "2026" or "both"
@@ -731,6 +734,9 @@ def build_server(state: State) -> Server[Any]:
                 await anyio.sleep_forever()
             finally:
                 state.hang_interrupted += 1
+        if tool == "counter":
+            state.counter += 1
+            return _text(json.dumps({"count": state.counter, "pid": os.getpid()}))
         if tool == "cancelled_count":
             return _text(json.dumps({"cancelled": len(state.cancelled), "request_ids": state.cancelled,
                                      "hang_interrupted": state.hang_interrupted}))

@@ -6,6 +6,7 @@ import contextlib
 import os
 import select
 import signal
+from collections.abc import Collection
 
 import structlog
 
@@ -41,9 +42,11 @@ def _wait_exit(pid: int, timeout: float) -> bool:
     return exited
 
 
-def terminate_leftover_children(pid: int) -> int:
-    """Last guard against orphans: upstream cleanup should have stopped every child already."""
-    leftovers = child_pids(pid)
+def terminate_leftover_children(pid: int, keep: Collection[int] = ()) -> int:
+    """Last guard against orphans: upstream cleanup should have stopped every child already.
+
+    ``keep``: children handed to the next process, alive on purpose."""
+    leftovers = [child for child in child_pids(pid) if child not in keep]
     for child in leftovers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import socket
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -24,6 +25,20 @@ class Notifier:
         if address and address[0] not in "/@":
             address = None  # vsock and other forms: not for a gateway
         return cls(address)
+
+    def send_fds(self, message: str, fds: list[int]) -> bool:
+        """A message with descriptors (``FDSTORE=1``): True once sent."""
+        if not self.address:
+            return False
+        target = "\0" + self.address[1:] if self.address.startswith("@") else self.address
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.sendmsg([message.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))],
+                               0, target)
+        except OSError as exc:
+            log.warning("sd_notify_failed", message=message, error=exc.strerror)
+            return False
+        return True
 
     def send(self, message: str) -> None:
         if not self.address:

@@ -34,12 +34,17 @@ from aiohttp import web
 from satgate_mcp.app import create_app
 from satgate_mcp.daemon.children import terminate_leftover_children
 from satgate_mcp.daemon.drain import ConnectionTracker, Sleep, drain, exit_code, first_of
+from satgate_mcp.daemon.fdstore import FdStore, fd_store_enabled
+from satgate_mcp.daemon.handover_run import HandoverRun
 from satgate_mcp.daemon.notify import Notifier
-from satgate_mcp.daemon.sockets import Listener, ListenError, acquire_listeners, stop_listening
+from satgate_mcp.daemon.sockets import InheritedFd, Listener, ListenError, acquire_listeners, stop_listening
 from satgate_mcp.errors import ConfigError, StartFailed
 from satgate_mcp.exits import ExitCode
 from satgate_mcp.keys import POOL
 from satgate_mcp.settings import Settings
+from satgate_mcp.stores.folder import resolve_state_dir
+from satgate_mcp.upstream.child_process import HANDED_OVER
+from satgate_mcp.upstream.stdio_handover import set_store
 
 log = structlog.get_logger("satgate_mcp.runner")
 
@@ -133,7 +138,8 @@ async def _setup_unless_cut(runner: web.AppRunner, cut: asyncio.Event) -> bool:
 
 async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracker, listeners: list[Listener],
                                settings: Settings, stop: asyncio.Event, cut: asyncio.Event,
-                               notifier: Notifier, clock: Callable[[], float]) -> ExitCode:
+                               notifier: Notifier, clock: Callable[[], float], handover: HandoverRun) -> ExitCode:
+    await handover.before_start(settings.handover)
     if not await _setup_unless_cut(runner, cut):
         log.warning("startup_abandoned")
         return ExitCode.FAILED
@@ -156,6 +162,7 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
         log.info("listening", host=lst.host, port=lst.port, source=lst.source, name=lst.name,
                  reuse_port=settings.reuse_port if lst.source == "bind" else None, ready=ready)
     notifier.send("READY=1")
+    await handover.after_listening()
 
     await stop.wait()
     deadline = clock() + settings.drain_seconds
@@ -182,25 +189,37 @@ async def _serve_until_stopped(runner: _GatewayRunner, tracker: ConnectionTracke
         log.info("drain_finished", **fields)
     else:
         log.warning("drain_cut", **fields)
+    await handover.after_drain(max(0.0, deadline - clock()))
     return exit_code(report.reason)
+
+
+def _acquire(settings: Settings, environ: MutableMapping[str, str], pid: int,
+             ) -> tuple[list[Listener], list[InheritedFd], Notifier]:
+    """The listening sockets, the stdio children systemd kept for us (``fdstore``), and sd_notify."""
+    stored: list[InheritedFd] = []
+    try:
+        # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
+        # configuration error: it propagates to the CLI, which prints its one line and exits 2.
+        listeners = acquire_listeners(settings, environ, pid, stored)
+    except ListenError as exc:
+        log.error("listen_failed", error=str(exc))
+        raise StartFailed(str(exc)) from None
+    notifier = Notifier.from_environ(environ)
+    set_store(FdStore(notifier) if fd_store_enabled(environ) and notifier.address else None)
+    return listeners, stored, notifier
 
 
 async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int) -> ExitCode:
     """Serve until a signal, drain, clean up; return the process exit code."""
     loop = asyncio.get_running_loop()
     clock = loop.time  # what asyncio's own timeouts count in
-    try:
-        # Before startup: a taken port fails fast. ExposureRefused (none auth on a public address) is a
-        # configuration error: it propagates to the CLI, which prints its one line and exits 2.
-        listeners = acquire_listeners(settings, environ, pid)
-    except ListenError as exc:
-        log.error("listen_failed", error=str(exc))
-        raise StartFailed(str(exc)) from None
-    notifier = Notifier.from_environ(environ)
+    listeners, stored, notifier = _acquire(settings, environ, pid)
     stop, cut = asyncio.Event(), asyncio.Event()
+    handover = HandoverRun(None, resolve_state_dir(settings.state_dir, environ), stop)
 
     def on_signal(signame: str) -> None:
-        if not stop.is_set():
+        if not stop.is_set() or handover.requested:
+            handover.requested = False  # the operator's own stop after the next process asked: not a second one
             log.info("stop_requested", signal=signame, drain_seconds=settings.drain_seconds)
             stop.set()
         elif not cut.is_set():
@@ -215,11 +234,12 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     try:
         tracker = ConnectionTracker(clock, max_connections=settings.max_connections)
         app = create_app(settings)
+        handover = HandoverRun(app[POOL], resolve_state_dir(settings.state_dir, environ), stop, stored)
         # Outermost, so a request counts as busy until every other middleware is done with its response.
         app.middlewares.insert(0, tracker.middleware)
         app.on_response_prepare.append(tracker.on_response_prepare)
         runner = _GatewayRunner(app, read_timeout=settings.read_timeout)
-        code = await _serve_until_stopped(runner, tracker, listeners, settings, stop, cut, notifier, clock)
+        code = await _serve_until_stopped(runner, tracker, listeners, settings, stop, cut, notifier, clock, handover)
     except ConfigError as exc:
         failure = exc  # raised once cleanup is done: the CLI logs it and prints its one line
         code = ExitCode.CONFIG
@@ -227,6 +247,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
         log.exception("runner_failed")
         code = ExitCode.FAILED
     finally:
+        await handover.close()
         if runner is not None:
             # Remaining connections, then cleanup_ctx: the upstream children stop here.
             try:
@@ -258,4 +279,4 @@ def serve(settings: Settings) -> ExitCode:
         with asyncio.Runner(loop_factory=event_loop_factory()) as loop:
             return loop.run(run(settings, environ=os.environ, pid=os.getpid()))
     finally:
-        terminate_leftover_children(os.getpid())
+        terminate_leftover_children(os.getpid(), keep=HANDED_OVER)

@@ -234,7 +234,12 @@ class ExposureRefused(ConfigError):
     """``none`` auth on a public address without the opt-in: the CLI prints the one line and exits 2."""
 
 
-def acquire_listeners(settings: Settings, environ: MutableMapping[str, str], pid: int) -> list[Listener]:
+#: Names of the descriptors the daemon keeps in systemd's fd store for its stdio children (``fdstore``).
+STORED_PREFIX = "satgate-child-"
+
+
+def acquire_listeners(settings: Settings, environ: MutableMapping[str, str], pid: int,
+                      stored: list[InheritedFd] | None = None) -> list[Listener]:
     """Inherited sockets when systemd passed some, else one socket bound to ``SATGATE_HOST:SATGATE_PORT``.
 
     Inherited sockets are never refused as taken (systemd owns them, and the previous process may
@@ -242,6 +247,9 @@ def acquire_listeners(settings: Settings, environ: MutableMapping[str, str], pid
     """
     inherited = systemd_fds(environ, pid)
     clear_listen_env(environ)
+    if stored is not None:  # the children's pipes come back beside the sockets: not ours to listen on
+        stored += [item for item in inherited if item.name.startswith(STORED_PREFIX)]
+        inherited = [item for item in inherited if not item.name.startswith(STORED_PREFIX)]
     if inherited:
         listeners = [adopt_fd(fd) for fd in inherited]
         hosts = [lst.host for lst in listeners if lst.port is not None]  # AF_UNIX: local by nature

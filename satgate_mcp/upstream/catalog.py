@@ -171,6 +171,10 @@ class Catalog:
         """Replace one upstream's list; owners follow on the next ``rebuild``."""
         self._lists[kind][upstream] = items
 
+    def items(self, upstream: str, kind: Kind) -> list[JsonObj]:
+        """One upstream's last good list of one kind."""
+        return self._lists[kind].get(upstream, [])
+
     def rebuild(self) -> list[NameClash]:
         """Recompute names, owners and versions from the lists; the clashes found (the old owner kept each name)."""
         clashes: list[NameClash] = []

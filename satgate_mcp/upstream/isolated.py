@@ -177,6 +177,8 @@ class IsolatedUpstream:
     async def start(self, on_notification: NotificationCallback) -> None:
         self._on_notification = on_notification
         await self._start_child(self._catalogue)
+        for child in list(self._children.values()):  # adopted from the previous process (pool_handover)
+            await self._start_child(child.upstream, child)
 
     async def _catalogue_notice(self, method: str, params: JsonObj | None) -> None:
         """The catalogue child's list changes are the pool's; a resource update it sends is nobody's (it holds

@@ -28,6 +28,7 @@ from satgate_mcp.upstream.identity import UpstreamIdentity
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 from satgate_mcp.upstream.listings import UpstreamListings
 from satgate_mcp.upstream.restore import ask_again, restore_asks
+from satgate_mcp.upstream.stdio_handover import StdioHandover
 from satgate_mcp.upstream.surface import merged_capabilities, unlisted_tool
 
 log = structlog.get_logger("satgate_mcp.upstream")
@@ -229,6 +230,7 @@ class UpstreamPool(UpstreamListings):
         A 2026-07-28 upstream has no such method (a level travels in each request's ``_meta``): it is left out.
         """
         self._log_level = level
+        self._keep(*self._order)
         names = [n for n in self._order if n not in self._isolated
                  and self._upstreams[n].ready and not self._upstreams[n].modern and self._offers(n, "logging")]
         replies = await asyncio.gather(*(self._upstreams[n].request("logging/setLevel", {"level": level})
@@ -237,6 +239,12 @@ class UpstreamPool(UpstreamListings):
             if isinstance(reply, BaseException) or "error" in reply:
                 log.warning("upstream_set_log_level_failed", upstream=name, level=level,
                             error=repr(reply) if isinstance(reply, BaseException) else reply.get("error"))
+
+    def _keep(self, *names: str) -> None:
+        """A shared stdio child's kept record (systemd's fd store) follows what it was told."""
+        for name in names:
+            if isinstance(upstream := self._upstreams.get(name), StdioHandover):
+                upstream.keep_state(sorted(self._subscribed[name]), self._log_level)
 
     def owner_of_tool(self, name: str) -> str | None:
         owner = self._catalog.tool_owner(name)
@@ -279,12 +287,14 @@ class UpstreamPool(UpstreamListings):
                                                 f"resource {uri!r}", on_progress)
         if name is not None and name not in self._isolated and "error" not in reply:
             self._subscribed[name].add(uri)  # an isolated upstream's children keep their own
+            self._keep(name)
         return reply
 
     async def unsubscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         uri = str((params or {}).get("uri", ""))
         for held in self._subscribed.values():
             held.discard(uri)
+        self._keep(*self._order)
         return await self._resource_request("resources/unsubscribe", params, on_progress)
 
     async def get_prompt(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:

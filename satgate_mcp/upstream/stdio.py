@@ -23,9 +23,10 @@ from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import StdioUpstreamSpec
 from satgate_mcp.upstream.base import NotificationCallback, ProgressCallback, initialize_timeout
 from satgate_mcp.upstream.child_output import LINE_LIMIT, Dropped, answered_id, parse_line, read_line, unreadable_reply
-from satgate_mcp.upstream.connection import UpstreamConnection
+from satgate_mcp.upstream.child_process import ChildProcess
 from satgate_mcp.upstream.inbox import RELIST_NOTIFICATION
 from satgate_mcp.upstream.outgoing import encode_message
+from satgate_mcp.upstream.stdio_handover import StdioHandover
 from satgate_mcp.upstream.wire import (
     RestartPolicy,
     cancelled_params,
@@ -43,7 +44,7 @@ from satgate_mcp.upstream.wire import (
 #: The ids of the ``subscriptions/listen`` requests a modern child answers only when they end (never reused).
 LISTEN_ID = "satgate-listen"
 
-class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
+class StdioUpstream(StdioHandover):
     def __init__(
         self,
         name: str,
@@ -60,6 +61,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         """``instance``: which of an isolated upstream's children this is (its owner, or "catalogue"), for logs."""
         super().__init__(name, spec, transport="stdio", send=self._write, publisher=publisher, metrics=metrics,
                          restart_policy=restart_policy)
+        self._instance = instance
         if instance is not None:
             self._log = self._log.bind(instance=instance)
         self._ready_grace = ready_grace
@@ -68,7 +70,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self._stop_grace = stop_grace
         self._terminate_timeout = terminate_timeout
         self._pending: dict[int, asyncio.Future[JsonObj]] = {}
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: ChildProcess | None = None
         self._write_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         #: Set once a child showed it is a 2025 one by dying or staying silent on ``server/discover``.
@@ -91,6 +93,10 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
 
     async def _request(self, method: str, params: JsonObj | None, budget: float,
                        on_progress: ProgressCallback | None) -> JsonObj:
+        if self._transit is not None:
+            if (listed := self._transit.listed(method, params)) is not None:
+                return listed
+            await self._wait_transit()
         await self._await_ready(budget)
         return await self._roundtrip(method, params, budget, on_progress)
 
@@ -131,50 +137,48 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
 
     async def _run_child(self) -> str:
         """Run one child from spawn to death; return why it ended."""
+        delivery = await self._take_delivery()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._spec.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=child_env(os.environ, self._spec.env),
-                cwd=self._spec.cwd,
-                start_new_session=True,
-                limit=LINE_LIMIT,
-            )
+            proc = await (ChildProcess.spawn(self._spec.command, child_env(os.environ, self._spec.env), self._spec.cwd,
+                                             limit=LINE_LIMIT) if delivery is None else
+                          ChildProcess.wrap(delivery.record.pid, delivery.pidfd, delivery.fds, limit=LINE_LIMIT,
+                                            own=False))
         except OSError as exc:
             self._log.error("upstream_spawn_failed", command=self._spec.command[0], error=str(exc))
             reason = f"could not start {self._spec.command[0]!r}: {exc.strerror or exc}"
             self._mark_down({"status": reason})
             return reason
         self._proc = proc
-        self._log.info("upstream_spawned", pid=proc.pid)
+        self._log.info("upstream_spawned" if delivery is None else "upstream_adopting", pid=proc.pid)
         reader = asyncio.create_task(self._read_stdout(proc))
         self._last_stderr = None  # this child's own last line, not its predecessor's
         errors = asyncio.create_task(self._read_stderr(proc))
         exited = asyncio.create_task(proc.wait())
-        init = asyncio.create_task(self._initialize())
+        init = asyncio.create_task(self._initialize() if delivery is None else self._resume(delivery))
         failure: str | None = None
         try:
             failure = await self._watch(proc, init, reader, exited)
         finally:
             self._ready.clear()
             self._fail_pending(f"upstream {self.name!r} went away ({self._exit_reason(proc)})")
-            await self._stop_child(proc)
+            if not self._handed_over:
+                await self._stop_child(proc)
             await asyncio.wait({reader, errors, exited, init}, timeout=1.0)
             for task in (reader, errors, exited, init):
                 task.cancel()
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: a failure here is reported by _watch
             self._proc = None
-            self._log.info("upstream_exited", pid=proc.pid, status=describe_exit(proc.returncode))
+            proc.close()
+            if not self._handed_over:
+                self._log.info("upstream_exited", pid=proc.pid, status=describe_exit(proc.returncode))
             if not self._closing.is_set():
                 self._mark_down(down_report(failure or describe_exit(proc.returncode), self._last_stderr))
         return failure or describe_exit(proc.returncode)
 
     async def _watch(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: ChildProcess,
         init: asyncio.Task[None],
         reader: asyncio.Task[None],
         exited: asyncio.Task[int],
@@ -193,7 +197,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
         return None
 
-    def _exit_reason(self, proc: asyncio.subprocess.Process) -> str:
+    def _exit_reason(self, proc: ChildProcess) -> str:
         return "its output closed" if proc.returncode is None else describe_exit(proc.returncode)
 
     async def _initialize(self) -> None:
@@ -260,7 +264,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         self.declined = found is None
         return found
 
-    async def _stop_child(self, proc: asyncio.subprocess.Process) -> None:
+    async def _stop_child(self, proc: ChildProcess) -> None:
         """EOF on stdin, then SIGTERM, then SIGKILL to the whole group; always reaped."""
         if proc.returncode is None:
             if proc.stdin is not None and not proc.stdin.is_closing():
@@ -332,7 +336,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise self._unavailable(f"upstream {self.name!r} closed its input: {exc}") from None
 
-    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read_stdout(self, proc: ChildProcess) -> None:
         assert proc.stdout is not None
         while (line := await read_line(proc.stdout)) is not None:
             value = parse_line(line) if isinstance(line, bytes) else line
@@ -361,7 +365,7 @@ class StdioUpstream(UpstreamConnection[StdioUpstreamSpec]):
         if request_id is not None and waiter is not None and not waiter.done():
             waiter.set_result(unreadable_reply(request_id, self.name, dropped))
 
-    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read_stderr(self, proc: ChildProcess) -> None:
         assert proc.stderr is not None
         while True:
             try:
@@ -381,7 +385,7 @@ def down_report(status: str, stderr: str | None) -> dict[str, str]:
     return {"status": status} if stderr is None else {"status": status, "stderr": stderr}
 
 
-async def _exited_within(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+async def _exited_within(proc: ChildProcess, timeout: float) -> bool:
     try:
         async with asyncio.timeout(timeout):
             await proc.wait()

@@ -75,7 +75,8 @@ def test_fly_config_drains_before_the_kill_and_keeps_secrets_out() -> None:
 def test_systemd_service_drains_before_the_kill_and_is_hardened() -> None:
     service = unit("satgate-mcp.service")["Service"]
     assert service["KillSignal"] == "SIGTERM"
-    assert service["KillMode"] == "mixed", "children must not get SIGTERM while calls drain"
+    assert service["KillMode"] == "process", "children must not get SIGTERM while calls drain, nor die in a crash"
+    assert int(service["FileDescriptorStoreMax"]) >= 5, "the children's pipes and state are kept in the fd store"
     assert seconds(service["TimeoutStopSec"]) > DEFAULT_DRAIN
     assert service["EnvironmentFile"] == "/etc/satgate-mcp/satgate-mcp.env"
     assert service["Restart"] == "on-failure"
