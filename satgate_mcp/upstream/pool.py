@@ -21,9 +21,10 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
-from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope, Upstream
+from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope
 from satgate_mcp.upstream.catalog import ALL_LISTS, STALE_AFTER
 from satgate_mcp.upstream.eras import client_era, resource_error_in_era
+from satgate_mcp.upstream.factory import make_upstream
 from satgate_mcp.upstream.identity import UpstreamIdentity
 from satgate_mcp.upstream.isolated import IsolatedUpstream, owner_key
 from satgate_mcp.upstream.listings import UpstreamListings
@@ -35,26 +36,6 @@ log = structlog.get_logger("satgate_mcp.upstream")
 
 #: Upstream notifications passed on to the listener as they are (the listener decides who gets them).
 RELAYED = frozenset({"notifications/resources/updated"})
-
-
-def make_upstream(
-    name: str, spec: StdioUpstreamSpec | HttpUpstreamSpec, *, publisher: Publisher, metrics: Metrics,
-    idle_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic, identity: UpstreamIdentity | None = None,
-) -> Upstream:
-    if isinstance(spec, HttpUpstreamSpec) and spec.auth is not None:
-        from satgate_mcp.upstream.authorized import make_authorized
-
-        return make_authorized(name, spec, identity=identity or UpstreamIdentity(), publisher=publisher,
-                               metrics=metrics, idle_ttl=idle_ttl, clock=clock)
-    if isinstance(spec, StdioUpstreamSpec) and spec.isolation != "shared":
-        return IsolatedUpstream(name, spec, publisher=publisher, metrics=metrics, idle_ttl=idle_ttl, clock=clock)
-    if isinstance(spec, StdioUpstreamSpec):
-        from satgate_mcp.upstream.stdio import StdioUpstream
-
-        return StdioUpstream(name, spec, publisher=publisher, metrics=metrics)
-    from satgate_mcp.upstream.http import HttpUpstream
-
-    return HttpUpstream(name, spec, publisher=publisher, metrics=metrics, clock=clock)
 
 
 class UpstreamPool(UpstreamListings):
