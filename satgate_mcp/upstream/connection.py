@@ -35,6 +35,7 @@ from satgate_mcp.upstream.bridge import ask_client, input_refusal, moved_on_refu
 from satgate_mcp.upstream.client_trace import client_attributes, traced_request
 from satgate_mcp.upstream.eras import ModernTwin, Probe, wants_modern_twin
 from satgate_mcp.upstream.inbox import Inbox
+from satgate_mcp.upstream.restore import note_subscription
 from satgate_mcp.upstream.wire import (
     LIST_METHODS,
     MAX_INPUT_ROUNDS,
@@ -266,13 +267,9 @@ class UpstreamConnection(Generic[SpecT]):
         the change, so the URI also joins (or leaves) the listen filter of its 2026-07-28 side when it has one; a
         side found later starts with every URI held here."""
         reply = await self._call(method, params, budget, on_progress)
-        uri = (params or {}).get("uri")
-        subscribe = SUBSCRIPTION_METHODS[method]
-        if not isinstance(uri, str) or (subscribe and "error" in reply):
-            return reply
-        (self._resource_subscriptions.add if subscribe else self._resource_subscriptions.discard)(uri)
+        uri = note_subscription(self._resource_subscriptions, method, params, reply)
         twin = self._twin.current if self._twin is not None else None
-        if twin is not None:
+        if uri is not None and twin is not None:
             await twin.request(method, {"uri": uri})
         return reply
 

@@ -14,21 +14,21 @@ from structlog.typing import FilteringBoundLogger
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.upstream.base import Upstream
-
-#: ``resources/(un)subscribe`` -> whether it subscribes.
-SUBSCRIBING = {"resources/subscribe": True, "resources/unsubscribe": False}
+from satgate_mcp.upstream.wire import SUBSCRIPTION_METHODS
 
 
-def note_subscription(held: set[str], method: str, params: JsonObj | None, reply: JsonObj) -> None:
-    """Keep ``held`` what the upstream holds after a (un)subscribe it answered: a refused subscribe adds nothing."""
-    subscribe = SUBSCRIBING.get(method)
+def note_subscription(held: set[str], method: str, params: JsonObj | None, reply: JsonObj) -> str | None:
+    """Keep ``held`` what the upstream holds after a (un)subscribe it answered (a refused subscribe adds nothing);
+    the URI when it was noted, else None."""
+    subscribe = SUBSCRIPTION_METHODS.get(method)
     uri = (params or {}).get("uri")
     if subscribe is None or not isinstance(uri, str) or (subscribe and "error" in reply):
-        return
+        return None
     if subscribe:
         held.add(uri)
     else:
         held.discard(uri)
+    return uri
 
 
 def restore_asks(level: str | None, uris: Iterable[str]) -> list[tuple[str, JsonObj]]:
