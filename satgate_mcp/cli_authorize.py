@@ -15,11 +15,10 @@ import sys
 
 import aiohttp
 import structlog
-from pydantic import ValidationError
 
-from satgate_mcp.config_problems import format_errors
+from satgate_mcp.cli_tools import open_store
 from satgate_mcp.exits import ExitCode
-from satgate_mcp.oauth_grants import STATE_TTL_SECONDS
+from satgate_mcp.oauth_grants import STATE_TTL_SECONDS, GrantStore
 from satgate_mcp.settings import HttpUpstreamSpec, Settings
 from satgate_mcp.stores import cli_grants
 from satgate_mcp.upstream.credential_box import CredentialBox
@@ -50,42 +49,36 @@ def authorization_problem(settings: Settings, upstream: str, subject: str | None
 def authorize_main(args: argparse.Namespace) -> ExitCode:
     """Print the URL on stdout (alone: a script can take it), everything else on stderr."""
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    if args.config is not None and not args.config.is_file():
-        return _fail(f"config file not found: {args.config}")
+    opened = open_store(args, Settings, cli_grants)
+    if isinstance(opened, ExitCode):
+        return opened
+    settings, store = opened
     try:
-        settings = Settings(_env_file=args.config) if args.config else Settings()  # type: ignore[call-arg]
-    except ValidationError as exc:
-        print(format_errors(exc), file=sys.stderr)
-        return ExitCode.CONFIG
-    problem = authorization_problem(settings, args.upstream, args.subject)
-    if problem is not None:
-        return _fail(problem)
-    try:
-        return asyncio.run(_begin(settings, args.upstream, args.subject))
+        return asyncio.run(_begin(settings, store, args.upstream, args.subject))
     except Exception as exc:  # the store or the authorization server did not answer: say what, no traceback
         return _fail(f"could not start the authorization: {type(exc).__name__}: {exc}", ExitCode.FAILED)
 
 
-async def _begin(settings: Settings, name: str, subject: str | None) -> ExitCode:
-    spec = settings.upstreams[name]
-    assert isinstance(spec, HttpUpstreamSpec)
-    assert isinstance(spec.auth, OAuthUserSpec)
-    owner = subject or spec.auth.catalogue_subject
-    base = settings.public_base(settings.auth_mode, settings.oauth_audience)
-    assert owner is not None
-    assert base is not None
-    store = cli_grants(settings)
-    if isinstance(store, str):
-        return _fail(store)
-    async with aiohttp.ClientSession() as http:
-        grants = UserGrants(name, spec.auth, spec.url, TokenClient(name, spec.auth, timeout=spec.timeout,
-                                                                   session=lambda: http),
-                            store, CredentialBox(tuple(settings.credential_key_list)), timeout=spec.timeout,
-                            session=lambda: http)
-        try:
+async def _begin(settings: Settings, store: GrantStore, name: str, subject: str | None) -> ExitCode:
+    try:
+        problem = authorization_problem(settings, name, subject)
+        if problem is not None:
+            return _fail(problem)
+        spec = settings.upstreams[name]
+        assert isinstance(spec, HttpUpstreamSpec)
+        assert isinstance(spec.auth, OAuthUserSpec)
+        owner = subject or spec.auth.catalogue_subject
+        base = settings.public_base(settings.auth_mode, settings.oauth_audience)
+        assert owner is not None
+        assert base is not None
+        async with aiohttp.ClientSession() as http:
+            client = TokenClient(name, spec.auth, timeout=spec.timeout, session=lambda: http)
+            grants = UserGrants(name, spec.auth, spec.url, client, store,
+                                CredentialBox(tuple(settings.credential_key_list)), timeout=spec.timeout,
+                                session=lambda: http)
             started = await grants.begin(catalogue_credential(owner), base)
-        finally:
-            await store.close()
+    finally:
+        await store.close()
     print(started.url)
     print(f"open this URL within {int(STATE_TTL_SECONDS // 60)} minutes, signed in as the account {owner!r} "
           f"stands for; a running gateway completes it at {base.rstrip('/')}/oauth/callback/{name}", file=sys.stderr)

@@ -68,7 +68,7 @@ def _fail(message: str, code: ExitCode = ExitCode.CONFIG) -> ExitCode:
     return code
 
 
-P = TypeVar("P", bound=PinSettings)
+P = TypeVar("P", bound=BaseSettings)
 S = TypeVar("S")
 
 
@@ -79,7 +79,7 @@ def open_store(args: argparse.Namespace, settings_type: type[P], opener: Callabl
     if args.config is not None and not args.config.is_file():
         return _fail(f"config file not found: {args.config}")
     try:
-        settings = settings_type(_env_file=args.config) if args.config else settings_type()  # type: ignore[call-arg]
+        settings = settings_type(_env_file=args.config) if args.config else settings_type()
         store = opener(settings)
     except ValidationError as exc:
         print(format_errors(exc), file=sys.stderr)
