@@ -21,6 +21,7 @@ import structlog
 
 from satgate_mcp.daemon.notify import Notifier
 from satgate_mcp.daemon.sockets import STORED_PREFIX, InheritedFd
+from satgate_mcp.upstream.child_process import close_fds
 from satgate_mcp.upstream.handover_state import MAX_RECORD_BYTES, BadRecord, ChildRecord, from_json
 from satgate_mcp.upstream.stdio_handover import Delivery
 
@@ -93,7 +94,7 @@ class FdStore:
                 self._notifier.send(f"FDSTOREREMOVE=1\nFDNAME={names[role]}")
                 self._notifier.send_fds(f"FDSTORE=1\nFDNAME={names[role]}", [fd])
         finally:
-            _close([*fds, pidfd, state])
+            close_fds([*fds, pidfd, state])
 
     def forget(self, upstream: str, instance: str | None) -> None:
         for name in fd_names(child_key(upstream, instance)).values():
@@ -121,20 +122,16 @@ def stored_deliveries(stored: Sequence[Stored]) -> list[Delivery]:
             except BadRecord as exc:
                 reason = str(exc)
         state = child.fds.pop("state", None)
-        _close([] if state is None else [state])
+        close_fds([] if state is None else [state])
         if record is None:
             log.warning("upstream_handover_refused", source="fd_store", key=child.key, reason=reason)
             if "pidfd" in child.fds:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(child.fds["pidfd"], signal.SIGTERM)
-            _close(list(child.fds.values()))
+            close_fds(list(child.fds.values()))
             continue
         fds = child.fds
         deliveries.append(Delivery(record, [fds["stdin"], fds["stdout"], fds["stderr"]], fds["pidfd"], crashed=True))
     return deliveries
 
 
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

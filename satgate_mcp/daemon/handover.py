@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from satgate_mcp.upstream.child_process import close_fds
 from satgate_mcp.upstream.handover_state import BadRecord, ChildRecord, from_json
 from satgate_mcp.upstream.stdio_handover import Delivery
 
@@ -102,15 +103,11 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
         if not isinstance(message, dict):
             raise HandoverError("a frame that is not a JSON object")
     except (HandoverError, ValueError):
-        _close_all(fds)
+        close_fds(fds)
         raise
     return message, fds
 
 
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def _stop_unadopted(fds: list[int]) -> None:
@@ -118,7 +115,7 @@ def _stop_unadopted(fds: list[int]) -> None:
     if len(fds) == CHILD_FDS:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(fds[CHILD_FDS - 1], signal.SIGTERM)
-    _close_all(fds)
+    close_fds(fds)
 
 
 def listen_socket(path: Path) -> socket.socket:
@@ -174,13 +171,13 @@ class HandoverServer:
 
     async def _converse(self, conn: socket.socket) -> None:
         message, fds = await asyncio.to_thread(recv_frame, conn)
-        _close_all(fds)
+        close_fds(fds)
         if message.get("op") != "describe":
             raise HandoverError(f"unexpected request {message.get('op')!r}")
         records = [json.loads(record.to_json()) for record in self._describe()]
         await asyncio.to_thread(send_frame, conn, {"records": records})
         message, fds = await asyncio.to_thread(recv_frame, conn)
-        _close_all(fds)
+        close_fds(fds)
         if message.get("op") != "go":
             raise HandoverError(f"unexpected request {message.get('op')!r}")
         self.taker = conn
@@ -248,7 +245,7 @@ class HandoverClient:
         """The old process's children; a record that cannot be read is left out (that child starts fresh)."""
         await asyncio.to_thread(send_frame, self._sock, {"op": "describe"})
         message, fds = await asyncio.to_thread(recv_frame, self._sock)
-        _close_all(fds)
+        close_fds(fds)
         records = []
         for raw in message.get("records") or []:
             try:
@@ -273,7 +270,7 @@ class HandoverClient:
                     log.warning("upstream_handover_missed", upstream=message.get("missing"), instance=instance,
                                 reason=message.get("reason"))
                     on_child(str(message.get("missing")), instance if isinstance(instance, str) else None, None)
-                    _close_all(fds)
+                    close_fds(fds)
                     continue
                 try:
                     record = from_json(json.dumps(message.get("record")).encode())

@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from typing import IO, Any
+from typing import IO
 
 #: The pids of children this process handed to another one: they are not stopped when it exits.
 HANDED_OVER: set[int] = set()
@@ -90,9 +90,7 @@ class ChildProcess:
         """Close this process's ends: after a handover the child's pipes stay open in the next process."""
         with contextlib.suppress(ValueError, RuntimeError):
             asyncio.get_running_loop().remove_reader(self._pidfd)
-        for fd in [*self._raw, self._pidfd]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds([*self._raw, self._pidfd])
         self._raw = []
         for transport in self._transports:
             transport.close()
@@ -103,9 +101,7 @@ class ChildProcess:
 
     def close(self) -> None:
         """After the child's end: free the descriptors kept for a handover."""
-        for fd in [*self._raw, self._pidfd]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds([*self._raw, self._pidfd])
         self._raw = []
 
 
@@ -124,7 +120,8 @@ def exit_status(pid: int) -> int:
     return os.waitstatus_to_exitcode(status) if status else 0
 
 
-def close_fds(fds: Any) -> None:
+def close_fds(fds: Iterable[int]) -> None:
+    """Close each descriptor; one already closed (or never valid) is no error: every caller is cleaning up."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
