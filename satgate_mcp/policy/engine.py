@@ -204,18 +204,20 @@ class CallPolicy:
             return Admission(identity, tool, Role.UNMETERED)
         tool = tool if method == TOOLS_CALL else None
         buckets = buckets_for(rate_family(identity), tool, overall=self._rate, tool_rates=self._tool_rates)
+        if method != TOOLS_CALL:
+            if buckets:
+                await self._check_rate(identity, method, tool, buckets, store_time)
+            return Admission(identity, tool, Role.UNMETERED)
         # A negative configured cost would mint credits; treat it as free.
         cost = max(0.0, resolve_cost(tool or "", self._costs, self._default_cost))
         limit = initial_limit(identity, self._operator_budgets)
-        key = duplicate_key(identity.token_id, session_id, request_id, params) if method == TOOLS_CALL else ""
+        key = duplicate_key(identity.token_id, session_id, request_id, params) if session_id else ""
         # A leading guarded call on a store that can takes its rate token in its arrival's one operation (decided
         # with no await before the call registers, so no copy slips in between); any other call takes it first.
-        with_arrival = (self._rate_taking and bool(buckets) and bool(session_id) and method == TOOLS_CALL
+        with_arrival = (self._rate_taking and bool(buckets) and bool(session_id)
                         and kept_in_store(limit, identity.budget_id) and self._in_flight.get(key) is None)
         if buckets and not with_arrival:
             await self._check_rate(identity, method, tool, buckets, store_time)
-        if method != TOOLS_CALL:
-            return Admission(identity, tool, Role.UNMETERED)
         if not session_id:  # stateless requests: no guard, such clients reuse ids freely
             return await self._charge_unguarded(Admission(identity, tool, Role.UNGUARDED, store_time=store_time),
                                                 cost, limit)
