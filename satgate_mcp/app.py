@@ -299,6 +299,7 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     listeners = Listeners()
     notice = fan_out(hub.notice, listeners.notice)
     pool.listen(notice)
+    pool.listen_tasks(hub.task_notice(dispatcher.tasks))
     if POLICY_FILE in app:  # a reload that changes what sessions may see tells them, and only them
         app[POLICY_FILE].on_lists_changed = ReloadNotices(pool, registry, hub, listeners, dispatcher)
 

@@ -14,7 +14,7 @@ from satgate_mcp.auth.base import Identity
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.subscriptions import Scope
-from satgate_mcp.upstream.base import Caller, Notice, ProgressCallback
+from satgate_mcp.upstream.base import Caller, Notice, ProgressCallback, TaskNotice
 from satgate_mcp.upstream.catalog import Kind
 
 
@@ -36,6 +36,10 @@ class Pool(Protocol):
         """Once, as the app cleans up after a started pool: stop every upstream; a failure is logged, not raised."""
     def listen(self, listener: Notice) -> None:
         """Once, as the app is assembled: the one listener for merged list changes and resource updates."""
+    def listen_tasks(self, listener: TaskNotice) -> None:
+        """Once, as the app is assembled: the one listener for task status notifications."""
+    def task_listers(self) -> list[str]:
+        """The ready upstreams that list their tasks (2025-11-25), in order."""
     def session_ended(self, session_id: str) -> None:
         """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
     async def listening(self, timeout: float) -> None: ...

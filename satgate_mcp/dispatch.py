@@ -121,7 +121,13 @@ class Dispatcher:
             "satgate/budget": self._budget,
             "satgate/delegate": self._delegate,
             **dict.fromkeys(TASK_METHODS, self._task),
+            "tasks/list": self._task_list,
         }
+
+    @property
+    def tasks(self) -> TaskRelay:
+        """The task relay: who created which task, for the status notifications the transports deliver."""
+        return self._tasks
 
     @property
     def tools_version(self) -> int:
@@ -172,6 +178,7 @@ class Dispatcher:
         """``server/discover`` (2026-07-28): what ``initialize`` says, without a session."""
         about = self.initialize_result(supported_versions[0])
         del about["protocolVersion"]
+        about["capabilities"].pop("tasks", None)  # 2025-11-25's; the extension (``extensions``) stands for it
         return {"supportedVersions": supported_versions, **about}
 
     def tool_schema(self, name: str) -> object:
@@ -321,6 +328,12 @@ class Dispatcher:
         return await self._tasks.relay(call.request.method, call.params, identity=call.identity,
                                        session_id=call.session_id, request_id=call.request.id,
                                        on_progress=call.on_progress, admitted=partial(_admitted, call))
+
+    async def _task_list(self, call: Call) -> JsonObj:
+        """2025-11-25's ``tasks/list``: the caller's own tasks (task_relay.py)."""
+        return await self._tasks.list_tasks(call.params, identity=call.identity, session_id=call.session_id,
+                                            request_id=call.request.id, on_progress=call.on_progress,
+                                            admitted=partial(_admitted, call))
 
     async def _call_tool(self, call: Call) -> JsonObj:
         params = call.params or {}

@@ -26,6 +26,12 @@ from satgate_mcp.jsonrpc import JsonObj
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
+#: Where 2025-11-25 names the task a message belongs to (``_meta``).
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+#: A task's change of status: 2025-11-25's notification, and the extension's (2026-07-28, on listen streams).
+TASK_STATUS = "notifications/tasks/status"
+TASK_NOTICE = "notifications/tasks"
+TASK_NOTIFICATIONS = frozenset({TASK_STATUS, TASK_NOTICE})
 #: SEP-2575's "Missing Required Client Capability".
 MISSING_CAPABILITY = -32021
 #: The methods that name a task by its ``taskId`` (2026-07-28: get, update, cancel; 2025-11-25 also result).
@@ -126,8 +132,22 @@ def created_task_id(reply: JsonObj) -> str | None:
     return None
 
 
+def _related(meta: JsonObj, task_id: str) -> JsonObj:
+    """A ``_meta`` (or error data) with its related-task id replaced, and the same ``_meta`` inside it."""
+    out = dict(meta)
+    if isinstance(out.get(RELATED_TASK), dict):
+        out[RELATED_TASK] = {**out[RELATED_TASK], "taskId": task_id}
+    if isinstance(out.get("_meta"), dict):
+        out["_meta"] = _related(out["_meta"], task_id)
+    return out
+
+
 def with_task_id(reply: JsonObj, task_id: str) -> JsonObj:
-    """``reply`` with the task's id replaced wherever a task envelope carries it (top level, or ``task``)."""
+    """``reply`` with the task's id replaced wherever it carries it: a task envelope (top level, or ``task``), a
+    2025-11-25 ``tasks/result``'s related-task ``_meta``, or an error's data naming the task."""
+    error = reply.get("error")
+    if isinstance(error, dict) and isinstance(error.get("data"), dict):
+        return {**reply, "error": {**error, "data": _related(error["data"], task_id)}}
     result = reply.get("result")
     if not isinstance(result, dict):
         return reply
@@ -137,4 +157,25 @@ def with_task_id(reply: JsonObj, task_id: str) -> JsonObj:
     task = changed.get("task")
     if isinstance(task, dict) and isinstance(task.get("taskId"), str):
         changed["task"] = {**task, "taskId": task_id}
+    if isinstance(changed.get("_meta"), dict):
+        changed["_meta"] = _related(changed["_meta"], task_id)
     return {**reply, "result": changed}
+
+
+def notice_with_task_id(params: JsonObj, task_id: str) -> JsonObj:
+    """A status notification's params with the task's id replaced (``taskId``, and a related-task ``_meta``)."""
+    return {**_related(params, task_id), "taskId": task_id}
+
+
+def notified_task_id(params: JsonObj | None) -> str | None:
+    """The task a status notification (2025-11-25 ``notifications/tasks/status``, 2026 ``notifications/tasks``)
+    is about."""
+    task_id = (params or {}).get("taskId")
+    return task_id if isinstance(task_id, str) else None
+
+
+def listed_tasks(result: JsonObj) -> list[JsonObj]:
+    """The tasks of a 2025-11-25 ``tasks/list`` result that carry an id (anything else is dropped)."""
+    tasks = result.get("tasks")
+    return [t for t in tasks if isinstance(t, dict) and isinstance(t.get("taskId"), str)] if isinstance(
+        tasks, list) else []

@@ -1,25 +1,37 @@
-"""The tasks extension relayed (``io.modelcontextprotocol/tasks``): task ids sealed out, opened on the way back.
+"""Tasks relayed (the extension ``io.modelcontextprotocol/tasks``, and 2025-11-25's tasks): task ids sealed out,
+opened on the way back.
 
 A task-augmented ``tools/call`` runs through the policy like any call (charged once, there); its
 ``CreateTaskResult`` leaves with the upstream's task id replaced by a sealed one (task_ids.py). ``tasks/get``,
 ``tasks/update``, ``tasks/cancel`` (and 2025-11-25's ``tasks/result``) open that id, go to the upstream it
 names with the upstream's own id, and come back with the sealed id again. They pass the policy's rate limit
 but are never charged: the call was paid for when the task was created.
+
+What the upstream says of a task on its own (its status notifications) and 2025-11-25's ``tasks/list`` name
+tasks by the upstream's id alone: so this process remembers who created each task it relayed (``TaskOwners``),
+and a notification reaches its creator only, a listing shows each caller its own tasks only. An upstream task
+whose creator is not remembered (another process's, or this process's before a restart) is shown to nobody.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
-from satgate_mcp.contracts import Policy, Pool
+from satgate_mcp.contracts import Policy, Pool, method_not_found
+from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.jsonrpc import JsonObj
+from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
 from satgate_mcp.task_ids import (
     TaskRef,
     created_task_id,
+    listed_tasks,
     missing_tasks_capability,
+    notice_with_task_id,
+    notified_task_id,
     open_task_id,
     seal_task_id,
     undeclared_modern_client,
@@ -29,20 +41,107 @@ from satgate_mcp.task_ids import (
 from satgate_mcp.upstream.base import ProgressCallback, declared_meta
 from satgate_mcp.upstream.eras import client_era
 
+#: Tasks whose creator one process remembers; the oldest are forgotten first (shown to nobody after that).
+MAX_OWNED_TASKS = 10_000
+#: Pages of one upstream's 2025-11-25 ``tasks/list`` read for one client's ``tasks/list``.
+MAX_LIST_PAGES = 20
+#: (token id, session id): who created a task, as its sealed id binds it.
+Owner = tuple[str, str]
+
+
+class TaskOwners:
+    """Who created each task this process relayed, newest kept (bounded)."""
+
+    def __init__(self, cap: int = MAX_OWNED_TASKS) -> None:
+        self._cap = cap
+        self._owners: OrderedDict[TaskRef, Owner] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def note(self, ref: TaskRef, owner: Owner) -> None:
+        self._owners[ref] = owner
+        self._owners.move_to_end(ref)
+        while len(self._owners) > self._cap:
+            self._owners.popitem(last=False)
+
+    def owner(self, ref: TaskRef) -> Owner | None:
+        return self._owners.get(ref)
+
 
 class TaskRelay:
-    def __init__(self, pool: Pool, policy: Policy, keys: Sequence[bytes]) -> None:
+    def __init__(self, pool: Pool, policy: Policy, keys: Sequence[bytes], owners: TaskOwners | None = None) -> None:
         self._pool = pool
         self._policy = policy
         self._keys = list(keys) or [secrets.token_bytes(32)]  # no configured key: ids this process alone opens
+        self.owners = owners or TaskOwners()
+
+    def _seal(self, ref: TaskRef, owner: Owner) -> str:
+        return seal_task_id(self._keys, ref, token_id=owner[0], session_id=owner[1])
 
     def sealed(self, reply: JsonObj, upstream: str, *, token_id: str, session_id: str) -> JsonObj:
-        """A ``tools/call`` reply as the client sees it: a created task's id sealed; anything else as it was."""
+        """A ``tools/call`` reply as the client sees it: a created task's id sealed (and its creator remembered);
+        anything else as it was."""
         task_id = created_task_id(reply)
         if task_id is None:
             return reply
-        return with_task_id(reply, seal_task_id(self._keys, TaskRef(upstream, task_id), token_id=token_id,
-                                                session_id=session_id))
+        ref = TaskRef(upstream, task_id)
+        self.owners.note(ref, (token_id, session_id))
+        return with_task_id(reply, self._seal(ref, (token_id, session_id)))
+
+    def notice(self, upstream: str, method: str, params: JsonObj | None) -> tuple[str, JsonObj] | None:
+        """(the creator's session id, the notification as the creator sees it) for a task status notification of
+        a task this process relayed; None for any other task (nobody is told)."""
+        task_id = notified_task_id(params)
+        ref = None if task_id is None else TaskRef(upstream, task_id)
+        owner = None if ref is None else self.owners.owner(ref)
+        if ref is None or owner is None or params is None:
+            return None
+        return owner[1], jsonrpc.notification_message(method, notice_with_task_id(params, self._seal(ref, owner)))
+
+    async def list_tasks(self, params: JsonObj | None, *, identity: Identity, session_id: str,
+                         request_id: jsonrpc.RequestId, on_progress: ProgressCallback | None,
+                         admitted: Callable[[], None]) -> JsonObj:
+        """2025-11-25's ``tasks/list``: the caller's own tasks on every upstream that lists tasks, in our pages.
+
+        Gone at 2026-07-28 (-32601, as for an upstream that lists none)."""
+        listers = [] if client_era(on_progress) == "2026" else self._pool.task_listers()
+        if not listers:
+            raise method_not_found("tasks/list")
+        cursor = (params or {}).get("cursor")
+        decode_cursor(cursor)  # a cursor we never gave fails before any upstream work
+        admission = await self._policy.admit(identity, method="tasks/list", tool=None, session_id=session_id,
+                                             request_id=request_id, params=params)
+        admitted()
+        owner = (identity.token_id, session_id)
+        try:
+            mine = [task for name in listers for task in await self._owned(name, owner, on_progress)]
+        finally:
+            await self._policy.settle(admission, ran=True)
+        items, next_cursor = page(mine, cursor, LIST_PAGE_SIZE)
+        return jsonrpc.result_response(None, {"tasks": items, **({"nextCursor": next_cursor} if next_cursor else {})})
+
+    async def _owned(self, upstream: str, owner: Owner, on_progress: ProgressCallback | None) -> list[JsonObj]:
+        """One upstream's tasks that ``owner`` created, with sealed ids; an upstream that is down lists none."""
+        found: list[JsonObj] = []
+        cursor: object = None
+        for _ in range(MAX_LIST_PAGES):
+            try:
+                reply = await self._pool.task_request(upstream, "tasks/list", {"cursor": cursor} if cursor else {},
+                                                      on_progress=on_progress)
+            except UpstreamUnavailable:
+                break
+            result = (reply or {}).get("result")
+            if not isinstance(result, dict):
+                break
+            for task in listed_tasks(result):
+                ref = TaskRef(upstream, task["taskId"])
+                if self.owners.owner(ref) == owner:
+                    found.append({**task, "taskId": self._seal(ref, owner)})
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                break
+        return found
 
     def opened(self, params: JsonObj | None, *, token_id: str, session_id: str,
                on_progress: ProgressCallback | None = None) -> TaskRef:

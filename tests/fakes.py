@@ -63,6 +63,9 @@ class FakePool(QuietLifecycle):
         self.tools_version = 0
         self.log_levels: list[str] = []
         self.listener: Callable[[str, JsonObj | None], None] | None = None
+        self.task_listener: Callable[[str, str, JsonObj | None], None] | None = None
+        #: The upstreams that list their tasks (2025-11-25 ``tasks/list``): none unless a test says so.
+        self.tasks_listed_by: list[str] = []
         #: (upstream, instructions) as a real pool reports them.
         self.upstream_instructions: list[tuple[str, str]] = []
 
@@ -83,6 +86,12 @@ class FakePool(QuietLifecycle):
 
     def listen(self, listener: Callable[[str, JsonObj | None], None]) -> None:
         self.listener = listener
+
+    def listen_tasks(self, listener: Callable[[str, str, JsonObj | None], None]) -> None:
+        self.task_listener = listener
+
+    def task_listers(self) -> list[str]:
+        return list(self.tasks_listed_by)
 
     async def listening(self, timeout: float) -> None:
         return None  # its notices are the test's own: nothing upstream to wait for

@@ -13,7 +13,10 @@ from satgate_mcp.task_ids import (
     TaskRef,
     created_task_id,
     derive_task_keys,
+    listed_tasks,
     missing_tasks_capability,
+    notice_with_task_id,
+    notified_task_id,
     open_task_id,
     seal_task_id,
     undeclared_modern_client,
@@ -26,6 +29,7 @@ ROTATED = derive_task_keys(["secret-two", "secret-one"])
 OTHER = derive_task_keys(["someone-else"])
 REF = TaskRef("github", "task-123")
 SEALED = seal_task_id(KEYS, REF, token_id="tok-a", session_id="mcp-s1")
+RELATED = "io.modelcontextprotocol/related-task"
 
 
 @pytest.mark.parametrize(("keys", "task_id", "token_id", "session_id", "expected"), [
@@ -98,6 +102,39 @@ def test_created_task_id(reply: JsonObj, found: str | None) -> None:
      {"result": {"task": {"taskId": "S", "status": "working"}}}),
     ({"result": {"resultType": "complete"}}, {"result": {"resultType": "complete"}}),
     ({"error": {"code": 1, "message": "m"}}, {"error": {"code": 1, "message": "m"}}),
+    # 2025-11-25's tasks/result: the call's result names its task in _meta; so may an error's data
+    ({"result": {"content": [], "_meta": {RELATED: {"taskId": "t3"}, "other": 1}}},
+     {"result": {"content": [], "_meta": {RELATED: {"taskId": "S"}, "other": 1}}}),
+    ({"error": {"code": -32603, "message": "m", "data": {RELATED: {"taskId": "t4"}}}},
+     {"error": {"code": -32603, "message": "m", "data": {RELATED: {"taskId": "S"}}}}),
+    ({"error": {"code": -32603, "message": "m", "data": {"_meta": {RELATED: {"taskId": "t5"}}}}},
+     {"error": {"code": -32603, "message": "m", "data": {"_meta": {RELATED: {"taskId": "S"}}}}}),
+    ({"result": {"content": [], "_meta": {RELATED: "garbled"}}},
+     {"result": {"content": [], "_meta": {RELATED: "garbled"}}}),
 ])
 def test_with_task_id(reply: JsonObj, expected: JsonObj) -> None:
     assert with_task_id(reply, "S") == expected
+
+
+@pytest.mark.parametrize(("params", "found"), [
+    ({"taskId": "t1", "status": "completed"}, "t1"),
+    ({"taskId": 7}, None),
+    ({}, None),
+    (None, None),
+])
+def test_notified_task_id(params: JsonObj | None, found: str | None) -> None:
+    assert notified_task_id(params) == found
+
+
+def test_a_status_notice_names_the_sealed_id_everywhere() -> None:
+    params = {"taskId": "t1", "status": "working", "_meta": {RELATED: {"taskId": "t1"}}}
+    assert notice_with_task_id(params, "S") == {"taskId": "S", "status": "working", "_meta": {RELATED: {"taskId": "S"}}}
+
+
+@pytest.mark.parametrize(("result", "kept"), [
+    ({"tasks": [{"taskId": "a"}, {"taskId": 3}, "x", {"status": "working"}]}, [{"taskId": "a"}]),
+    ({"tasks": "nope"}, []),
+    ({}, []),
+])
+def test_listed_tasks_keeps_those_with_an_id(result: JsonObj, kept: list[JsonObj]) -> None:
+    assert listed_tasks(result) == kept

@@ -53,13 +53,25 @@ from mcp.shared.message import ServerMessageMetadata
 try:  # run as a script (tests/ on the path) or imported as tests.upstream_server
     from upstream_tasks import (  # type: ignore[import-not-found]
         TASK_TOOLS,
+        V1_CAPABILITY,
+        V1_TASK_TOOLS,
         TaskStore,
+        announcer,
         install,
         session_capabilities,
         task_tool_defs,
     )
 except ImportError:  # pragma: no cover - the import path depends on how the module is loaded
-    from tests.upstream_tasks import TASK_TOOLS, TaskStore, install, session_capabilities, task_tool_defs
+    from tests.upstream_tasks import (
+        TASK_TOOLS,
+        V1_CAPABILITY,
+        V1_TASK_TOOLS,
+        TaskStore,
+        announcer,
+        install,
+        session_capabilities,
+        task_tool_defs,
+    )
 
 JsonObj = dict[str, Any]
 
@@ -645,6 +657,17 @@ class _Server(Server[Any]):
             experimental_capabilities, extensions
         )
 
+    def get_capabilities(self, notification_options: NotificationOptions | None = None,
+                         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+                         extensions: dict[str, dict[str, Any]] | None = None, *,
+                         protocol_version: str | None = None) -> types.ServerCapabilities:
+        """With tasks installed (``--tasks``), a handshake session is also told of 2025-11-25's ``tasks``."""
+        caps = super().get_capabilities(notification_options, experimental_capabilities, extensions,
+                                        protocol_version=protocol_version)
+        if getattr(self, "tasks_v1", False) and protocol_version != MODERN_REVISION:
+            caps.tasks = types.ServerTasksCapability.model_validate(V1_CAPABILITY)
+        return caps
+
 
 def record_trace_context(path: str, ctx: ServerRequestContext[Any], tool: str) -> None:
     """One JSON line: the tool, and the ``traceparent`` / ``tracestate`` it came with in ``params._meta`` and (over
@@ -701,7 +724,7 @@ def build_server(state: State) -> Server[Any]:
         if state.trace_file is not None:
             record_trace_context(state.trace_file, ctx, params.name)
         found = await run_tool(ctx, params)
-        if found.get("resultType") in ("task", "input_required") and params.name in TASK_TOOLS:
+        if (found.get("resultType") in ("task", "input_required") or "task" in found) and params.name in TASK_TOOLS:
             # A CreateTaskResult (tests/upstream_tasks.py) has no SDK model: the runner sends a handler's dict as is.
             return cast(types.CallToolResult, found)
         if found.get("resultType") == "input_required":
@@ -709,6 +732,10 @@ def build_server(state: State) -> Server[Any]:
         return types.CallToolResult.model_validate(found)
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> JsonObj:
+        if (state.tasks is not None and params.task is not None and params.name in V1_TASK_TOOLS
+                and ctx.protocol_version != MODERN_REVISION):  # 2025-11-25: the client asked for a task
+            created_v1: JsonObj = state.tasks.call_v1(params.name, params.arguments or {}, announcer(ctx))
+            return created_v1
         if state.tasks is not None and params.name in TASK_TOOLS:
             created: JsonObj = await state.tasks.call(params.name, params.arguments or {}, params.meta,
                                                       session_capabilities(ctx), params.input_responses)
@@ -971,7 +998,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace-file", help="append each tool call's trace context (_meta and headers) here")
     parser.add_argument("--modern-only", action="store_true", help="the same as --era 2026")
     parser.add_argument("--tasks", action="store_true",
-                        help="serve the tasks extension (tests/upstream_tasks.py; also with --conformance) at 2026")
+                        help="serve tasks (tests/upstream_tasks.py): the extension at 2026-07-28 (also with "
+                             "--conformance), and 2025-11-25's tasks on a handshake session")
     parser.add_argument("--era", choices=["2025", "2026", "both"], default=None,
                         help="the revisions served: 2025 (default; with --conformance: both), 2026-07-28 only "
                              "(no initialize; subscriptions/listen and the mrtr_ask tool), or both")
@@ -985,7 +1013,7 @@ def main(argv: list[str] | None = None) -> None:
     state = State(name=args.name, prefix=args.prefix, page_size=page_size,
                   conformance=ConformanceState() if args.conformance else None, era=era,
                   trace_file=args.trace_file, ledger=args.ledger)
-    if (args.tasks or args.conformance) and era != "2025":
+    if args.tasks or (args.conformance and era != "2025"):
         state.tasks = TaskStore()
     state.tools = [args.prefix + t for t in BASE_TOOLS] + [f"{args.prefix}extra_{i}" for i in range(args.many_tools)]
     state.tools += [args.prefix + t for t in MODERN_TOOLS] if era != "2025" else []

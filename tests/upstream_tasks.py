@@ -1,4 +1,5 @@
-"""The tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663) as the test upstream serves it at 2026-07-28.
+"""The tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663) as the test upstream serves it at 2026-07-28,
+and the tasks of 2025-11-25 (v1) on a handshake session.
 
 The SDK has the extension seam but no tasks implementation, so the conformance upstream keeps its tasks here:
 server-directed creation (a task-supporting tool answers ``resultType: "task"`` when the request declares the
@@ -8,19 +9,28 @@ extension), ``tasks/get`` with the result or error inlined, ``tasks/cancel`` (an
 runner's tasks scenarios name: ``greet`` (sync only), ``slow_compute``, ``failing_job`` (task support
 required), ``protocol_error_job``, ``confirm_delete`` and ``multi_input`` (a task in ``input_required``, answered
 by ``tasks/update``), ``test_tool_with_task`` (an MRTR round, then a task).
+
+At 2025-11-25 the client asks for a task (``params.task`` on ``tools/call``) and gets ``{"task": ...}``;
+``tasks/get``, ``tasks/result`` (waits for the end), ``tasks/list`` (every task of this server: scoping them to
+their creators is the gateway's business) and ``tasks/cancel`` answer with v1 shapes, and each change of status
+is announced to the creating session as ``notifications/tasks/status``. Only the fixtures without questions run
+as v1 tasks (``slow_compute``, ``failing_job``, ``protocol_error_job``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from mcp import types
 from mcp.shared.exceptions import MCPError
 from mcp_types import RequestParams
+from mcp_types import methods as mcp_methods
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
@@ -29,8 +39,17 @@ INVALID_PARAMS = -32602
 TTL_MS = 600_000
 POLL_MS = 200
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+MODERN_REVISION = "2026-07-28"
+METHOD_NOT_FOUND = -32601
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+#: The fixtures that run as 2025-11-25 tasks (the others ask questions, which v1 tasks relay differently).
+V1_TASK_TOOLS = frozenset({"slow_compute", "failing_job", "protocol_error_job"})
+#: What a 2025-11-25 server with tasks says in ``capabilities.tasks``.
+V1_CAPABILITY: JsonObj = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 
 JsonObj = dict[str, Any]
+#: Sends a v1 task's status to the session that created it.
+Announce = Callable[[JsonObj], Coroutine[Any, Any, None]]
 
 
 def _schema(**props: str) -> JsonObj:
@@ -101,6 +120,9 @@ class Task:
     #: Input requests still unanswered (key -> request), and the futures their answers resolve.
     asked: dict[str, JsonObj] = field(default_factory=dict)
     waiting: dict[str, asyncio.Future[object]] = field(default_factory=dict)
+    #: A v1 task's announcer: sends ``notifications/tasks/status`` to the session that created it.
+    announce: Announce | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def ask(self, key: str, request: JsonObj) -> object:
         """Park the task in ``input_required`` until ``tasks/update`` answers ``key``."""
@@ -117,6 +139,11 @@ class Task:
                 future.set_result(value)
         if not self.asked and self.status == "input_required":
             self.status, self.updated = "working", _now()
+
+    def v1(self) -> JsonObj:
+        """The task as 2025-11-25 shows it (``Task``)."""
+        return {"taskId": self.task_id, "status": self.status, "createdAt": self.created,
+                "lastUpdatedAt": self.updated, "ttl": TTL_MS, "pollInterval": POLL_MS}
 
     def envelope(self) -> JsonObj:
         return {"taskId": self.task_id, "status": self.status, "createdAt": self.created,
@@ -136,6 +163,9 @@ class Task:
         if self.status in TERMINAL:
             return
         self.status, self.result, self.error, self.updated = status, result, error, _now()
+        self.ended.set()
+        if self.announce is not None:
+            asyncio.get_running_loop().create_task(self.announce(self.v1()))
 
 
 async def _run_fixture(name: str, args: JsonObj, task: Task | None, gathered: str | None = None) -> JsonObj:
@@ -201,6 +231,47 @@ class TaskStore:
         else:
             task.settle("completed", result=result)
 
+    def call_v1(self, name: str, args: JsonObj, announce: Announce) -> JsonObj:
+        """A 2025-11-25 task-augmented ``tools/call``: ``CreateTaskResult`` at once, the work in the background."""
+        stamp = _now()
+        task = Task(f"task1-{secrets.token_hex(8)}", stamp, stamp, announce=announce)
+        self.tasks[task.task_id] = task
+        task.runner = asyncio.get_running_loop().create_task(self._work(task, lambda: _run_fixture(name, args, None)))
+        return {"task": task.v1()}
+
+    def _find_v1(self, params: RequestParams) -> Task:
+        task_id = params.model_dump(by_alias=True).get("taskId")
+        task = self.tasks.get(str(task_id))
+        if task is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown task: {task_id}")
+        return task
+
+    def get_v1(self, params: RequestParams) -> JsonObj:
+        return self._find_v1(params).v1()
+
+    async def result_v1(self, params: RequestParams) -> JsonObj:
+        """``tasks/result``: waits for the end, then the call's own result (or its protocol error)."""
+        task = self._find_v1(params)
+        await task.ended.wait()
+        related = {RELATED_TASK: {"taskId": task.task_id}}
+        if task.error is not None:
+            raise MCPError(int(task.error["code"]), str(task.error["message"]), related)
+        if task.result is None:
+            raise MCPError(INVALID_PARAMS, f"Task {task.task_id} was cancelled", related)
+        return {**task.result, "_meta": related}
+
+    def list_v1(self) -> JsonObj:
+        return {"tasks": [t.v1() for t in self.tasks.values()]}
+
+    def cancel_v1(self, params: RequestParams) -> JsonObj:
+        task = self._find_v1(params)
+        if task.status in TERMINAL:
+            raise MCPError(INVALID_PARAMS, f"Task {task.task_id} already ended ({task.status})")
+        if task.runner is not None and not task.runner.done():
+            task.runner.cancel()
+        task.settle("cancelled")
+        return task.v1()
+
     def _find(self, params: RequestParams, session_capabilities: object) -> Task:
         raw = params.model_dump(by_alias=True)
         if not declares_tasks(raw.get("_meta"), session_capabilities):
@@ -232,18 +303,59 @@ class TaskParams(RequestParams):
 
 
 def install(server: Any, store: TaskStore) -> None:
-    """The extension's methods on a low-level SDK server, and its advertisement."""
+    """The extension's methods on a low-level SDK server, and its advertisement; v1 shapes on a 2025 session."""
 
-    def handler(operation: Callable[[RequestParams, object], JsonObj]) -> Any:
+    def handler(modern: Callable[[RequestParams, object], JsonObj],
+                legacy: Callable[[RequestParams], Any] | None) -> Any:
         async def handle(ctx: Any, params: TaskParams) -> JsonObj:
-            return operation(params, session_capabilities(ctx))
+            if ctx.protocol_version == MODERN_REVISION:
+                return modern(params, session_capabilities(ctx))
+            if legacy is None:
+                raise MCPError(METHOD_NOT_FOUND, "Method not found")
+            found = legacy(params)
+            return dict(await found) if asyncio.iscoroutine(found) else dict(found)
 
         return handle
 
-    server.add_request_handler("tasks/get", TaskParams, handler(store.get))
-    server.add_request_handler("tasks/cancel", TaskParams, handler(store.cancel))
-    server.add_request_handler("tasks/update", TaskParams, handler(store.update))
+    def removed(params: RequestParams, _caps: object) -> JsonObj:  # v1 methods: gone at 2026-07-28
+        raise MCPError(METHOD_NOT_FOUND, "Method not found")
+
+    server.add_request_handler("tasks/get", TaskParams, handler(store.get, store.get_v1))
+    server.add_request_handler("tasks/cancel", TaskParams, handler(store.cancel, store.cancel_v1))
+    server.add_request_handler("tasks/update", TaskParams, handler(store.update, None))
+    server.add_request_handler("tasks/result", TaskParams, handler(removed, store.result_v1))
+    server.add_request_handler("tasks/list", TaskParams, handler(removed, lambda _params: store.list_v1()))
     server.extensions[TASKS_EXTENSION] = {}
+    server.tasks_v1 = True
+    _admit_v1_created_tasks()
+
+
+def _admit_v1_created_tasks() -> None:
+    """Let a 2025-11-25 ``tools/call`` answer ``CreateTaskResult``: the SDK checks a handshake-era ``tools/call``
+    result against ``CallToolResult`` alone (it implements no v1 tasks), so that one check is widened here."""
+    check = mcp_methods.serialize_server_result
+    if getattr(check, "admits_v1_tasks", False):
+        return
+
+    def widened(method: str, version: str, data: Any, **kwargs: Any) -> dict[str, Any]:
+        if method == "tools/call" and version != MODERN_REVISION and isinstance(data.get("task"), dict):
+            return dict(data)
+        return check(method, version, data, **kwargs)
+
+    widened.admits_v1_tasks = True  # type: ignore[attr-defined]
+    mcp_methods.serialize_server_result = widened
+
+
+def announcer(ctx: Any) -> Announce:
+    """Sends a v1 task's changes of status to the session that created it (outside any request: its GET stream)."""
+    session = ctx.session
+
+    async def announce(task: JsonObj) -> None:
+        with contextlib.suppress(Exception):  # the session may be gone; the task's state still answers tasks/get
+            await session.send_notification(types.TaskStatusNotification(
+                params=types.TaskStatusNotificationParams.model_validate(task)))
+
+    return announce
 
 
 def session_capabilities(ctx: Any) -> object:

@@ -1,9 +1,10 @@
 """The session's own server-to-client stream: ``GET /mcp``.
 
 What an upstream announces outside any call reaches clients here: ``notifications/*/list_changed``
-when a merged list changes (every open stream) and ``notifications/resources/updated`` (only the
-sessions subscribed to that URI). One stream per session; it ends with the session, on shutdown,
-or when its reader falls ``MAX_QUEUED`` messages behind. Nothing is replayed: after a restart, or
+when a merged list changes (every open stream), ``notifications/resources/updated`` (only the
+sessions subscribed to that URI) and ``notifications/tasks/status`` (only the session that created
+the task). One stream per session; it ends with the session, on shutdown, or when its reader falls
+``MAX_QUEUED`` messages behind. Nothing is replayed: after a restart, or
 a reconnect, a client's GET simply opens a new stream.
 """
 
@@ -22,6 +23,7 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import Origin, SubscriptionTable
+from satgate_mcp.task_relay import TaskRelay
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.answers import refusal_answer
 from satgate_mcp.transport.call_answer import SSE_HEADERS
@@ -29,6 +31,7 @@ from satgate_mcp.transport.checks import RequestChecks
 from satgate_mcp.transport.replay import CallLog, ReplayBook
 from satgate_mcp.transport.rules import SESSION_HEADER, VERSION_HEADER, Refusal
 from satgate_mcp.transport.session_gate import SessionGate
+from satgate_mcp.upstream.base import TaskNotice
 
 KEEPALIVE_SECONDS = 15.0
 #: Messages waiting for a slow reader; past this the stream is cut rather than growing without bound.
@@ -141,6 +144,23 @@ class StreamHub:
                 if method == TOOLS_CHANGED:
                     stream.session.saw_tools(self._tools_version())
                 stream.deliver(message)
+
+    def send(self, session_id: str, message: JsonObj) -> bool:
+        """One message for one session's stream (a task's status, for its creator); False when it has none open."""
+        stream = self._streams.get(session_id)
+        if stream is not None:
+            stream.deliver(message)
+        return stream is not None
+
+    def task_notice(self, relay: TaskRelay) -> TaskNotice:
+        """The pool's task listener: a task's status reaches the stream of the session that created it, alone."""
+
+        def notice(upstream: str, method: str, params: JsonObj | None) -> None:
+            found = relay.notice(upstream, method, params)
+            if found is not None and not self.send(*found):
+                log.debug("task_notice_unheard", upstream=upstream, method=method)
+
+        return notice
 
     def notice(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         """The pool's listener: a merged list changed, or an upstream resource was updated."""

@@ -53,6 +53,10 @@ class Notice(Protocol):
     def __call__(self, method: str, params: JsonObj | None, origin: Origin | None = None) -> None: ...
 
 
+#: What the pool tells its task listener: (upstream, method, params) of a task status notification.
+TaskNotice = Callable[[str, str, JsonObj | None], None]
+
+
 @runtime_checkable
 class Relay(Protocol):
     """A call's way back to the client that made it; calling it delivers progress like any ProgressCallback.

@@ -15,8 +15,9 @@ import structlog
 
 from satgate_mcp.errors import GatewayError
 from satgate_mcp.jsonrpc import JsonObj
-from satgate_mcp.upstream.base import Notice, Upstream
+from satgate_mcp.upstream.base import Notice, TaskNotice, Upstream
 from satgate_mcp.upstream.catalog import ALL_LISTS, ANNOUNCED, LISTINGS, Catalog, Kind, NameClash
+from satgate_mcp.upstream.surface import lists_tasks
 
 log = structlog.get_logger("satgate_mcp.upstream")
 
@@ -40,7 +41,16 @@ class UpstreamListings:
         #: Set once the pool has started: from then on a changed list is announced and a clash is logged.
         self._started = False
         self._listener: Notice | None = None
+        self._task_listener: TaskNotice | None = None
         self._tools_hook: ToolsHook | None = None
+
+    def listen_tasks(self, listener: TaskNotice) -> None:
+        """The one listener for task status notifications: (upstream, method, params)."""
+        self._task_listener = listener
+
+    def task_listers(self) -> list[str]:
+        """The ready upstreams that list their tasks (2025-11-25 ``capabilities.tasks.list``), in order."""
+        return lists_tasks({n: self._upstreams[n].initialize_result for n in self._order if self._upstreams[n].ready})
 
     def learn_tools(self, hook: ToolsHook) -> None:
         """The one hook that sees each upstream's tools as listed, before anyone is shown them (tool pinning)."""

@@ -21,6 +21,7 @@ from satgate_mcp.events import Publisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.settings import HttpUpstreamSpec, StdioUpstreamSpec
+from satgate_mcp.task_ids import TASK_NOTIFICATIONS
 from satgate_mcp.upstream.base import CALLER, UPSTREAM_READY, Caller, Notice, Origin, ProgressCallback, Scope
 from satgate_mcp.upstream.catalog import ALL_LISTS, STALE_AFTER
 from satgate_mcp.upstream.eras import client_era, resource_error_in_era
@@ -351,6 +352,10 @@ class UpstreamPool(UpstreamListings):
     # -- notifications: re-listing, restoring ------------------------------------------------
 
     async def _on_notification(self, name: str, method: str, params: JsonObj | None) -> None:
+        if method in TASK_NOTIFICATIONS:  # its creator alone is told (task_relay.py): it needs the upstream's name
+            if self._task_listener is not None:
+                self._task_listener(name, method, params)
+            return
         if method in RELAYED:
             if self._listener is not None:
                 self._listener(method, params)

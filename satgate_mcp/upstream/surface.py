@@ -31,10 +31,35 @@ def merged_capabilities(results: list[JsonObj | None]) -> JsonObj:
                 theirs = offered[key] if isinstance(offered[key], dict) else {}
                 mine = caps.setdefault(key, {})
                 mine.update({flag: True for flag in flags if theirs.get(flag) is True})
+        tasks = merged_tasks([caps.get("tasks"), offered.get("tasks")])
+        if tasks is not None:
+            caps["tasks"] = tasks
         extensions = offered.get("extensions")
         if isinstance(extensions, dict) and TASKS_EXTENSION in extensions:  # relayed with sealed ids (task_relay.py)
             caps["extensions"] = {TASKS_EXTENSION: {}}
     return caps
+
+
+def lists_tasks(results: Mapping[str, JsonObj | None]) -> list[str]:
+    """The upstreams (name -> initialize result) whose 2025-11-25 ``capabilities.tasks`` offers ``list``."""
+    return [name for name, result in results.items()
+            if isinstance(tasks := ((result or {}).get("capabilities") or {}).get("tasks"), dict) and "list" in tasks]
+
+
+def merged_tasks(offers: list[object]) -> JsonObj | None:
+    """2025-11-25's ``capabilities.tasks`` for the gateway: each part some upstream offers (None when none does).
+
+    Listing is the gateway's own (the callers' tasks of every upstream that lists), so is cancelling; a request
+    kind may be task-augmented when some upstream's tools may be."""
+    merged: JsonObj = {}
+    for offer in offers:
+        if not isinstance(offer, dict):
+            continue
+        merged.update({key: {} for key in ("list", "cancel") if key in offer})
+        tools = (offer.get("requests") or {}).get("tools") if isinstance(offer.get("requests"), dict) else None
+        if isinstance(tools, dict) and "call" in tools:
+            merged["requests"] = {"tools": {"call": {}}}
+    return merged or None
 
 
 def unlisted_tool(name: str, down: Mapping[str, Mapping[str, str]], prefixes: Mapping[str, str]) -> GatewayError:

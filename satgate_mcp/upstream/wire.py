@@ -16,6 +16,7 @@ from typing import Any
 
 from satgate_mcp import SERVER_NAME, __version__, jsonrpc
 from satgate_mcp.jsonrpc import JsonObj, RequestId
+from satgate_mcp.task_ids import TASK_NOTIFICATIONS
 from satgate_mcp.upstream.base import UPSTREAM_PROTOCOL_VERSION
 
 #: The stateless revision: no handshake, every request carries its version and capabilities in ``_meta``.
@@ -47,7 +48,8 @@ CLIENT_CAPABILITIES: JsonObj = {"sampling": {}, "elicitation": {"form": {}, "url
 
 #: Notifications about the upstream as a whole (the pool's business); any other belongs to a call.
 POOL_NOTIFICATION_SUFFIXES = ("/list_changed",)
-POOL_NOTIFICATIONS = frozenset({"notifications/resources/updated"})
+#: A task's status notifications go to the pool too, wherever they came: its creator alone is told (task_relay.py).
+POOL_NOTIFICATIONS = frozenset({"notifications/resources/updated", *TASK_NOTIFICATIONS})
 
 
 def is_pool_notification(method: str) -> bool:
