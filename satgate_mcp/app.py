@@ -66,7 +66,7 @@ from satgate_mcp.task_ids import derive_task_keys
 from satgate_mcp.transport import health, jwks, oauth, oauth_callback
 from satgate_mcp.transport.call_runner import CallRunner, inflight_limiter
 from satgate_mcp.transport.checks import RequestChecks
-from satgate_mcp.transport.listen import Listeners, fan_out
+from satgate_mcp.transport.listen import Listeners, fan_out, fan_out_tasks
 from satgate_mcp.transport.middleware import request_logger
 from satgate_mcp.transport.mrtr import Flows, derive_keys
 from satgate_mcp.transport.reload_notices import ReloadNotices
@@ -299,7 +299,7 @@ def _add_transports(app: web.Application, checks: RequestChecks, gate: SessionGa
     listeners = Listeners()
     notice = fan_out(hub.notice, listeners.notice)
     pool.listen(notice)
-    pool.listen_tasks(hub.task_notice(dispatcher.tasks))
+    pool.listen_tasks(fan_out_tasks(hub.task_notice(dispatcher.tasks), listeners.task_notice))
     if POLICY_FILE in app:  # a reload that changes what sessions may see tells them, and only them
         app[POLICY_FILE].on_lists_changed = ReloadNotices(pool, registry, hub, listeners, dispatcher)
 

@@ -40,6 +40,8 @@ class Pool(Protocol):
         """Once, as the app is assembled: the one listener for task status notifications."""
     def task_listers(self) -> list[str]:
         """The ready upstreams that list their tasks (2025-11-25), in order."""
+    async def watch_tasks(self, upstream: str, task_ids: frozenset[str]) -> None:
+        """The task ids clients' listen streams follow on ``upstream`` (2026-07-28 tasks extension)."""
     def session_ended(self, session_id: str) -> None:
         """The registry closed a session: what upstream state was that session's alone (a child of its own) goes."""
     async def listening(self, timeout: float) -> None: ...

@@ -75,6 +75,10 @@ class TaskRelay:
         self._policy = policy
         self._keys = list(keys) or [secrets.token_bytes(32)]  # no configured key: ids this process alone opens
         self.owners = owners or TaskOwners()
+        #: Listen stream key -> the tasks it follows (2026-07-28: the filter's ``taskIds``).
+        self._watching: dict[str, frozenset[TaskRef]] = {}
+        #: Upstream -> the task ids it was last told clients follow there.
+        self._told: dict[str, frozenset[str]] = {}
 
     def _seal(self, ref: TaskRef, owner: Owner) -> str:
         return seal_task_id(self._keys, ref, token_id=owner[0], session_id=owner[1])
@@ -98,6 +102,25 @@ class TaskRelay:
         if ref is None or owner is None or params is None:
             return None
         return owner[1], jsonrpc.notification_message(method, notice_with_task_id(params, self._seal(ref, owner)))
+
+    def listened(self, task_ids: Sequence[str], *, token_id: str, session_id: str) -> dict[TaskRef, str]:
+        """The tasks a listen request names that are this caller's (ref -> the id the caller knows it by); any
+        other id is left out of what the stream honours, as an unknown one is."""
+        opened = {task_id: open_task_id(self._keys, task_id, token_id=token_id, session_id=session_id)
+                  for task_id in task_ids}
+        return {ref: task_id for task_id, ref in opened.items() if ref is not None}
+
+    async def watch(self, key: str, refs: frozenset[TaskRef]) -> None:
+        """Listen stream ``key`` follows ``refs`` (empty: no longer follows any); each upstream whose followed ids
+        changed is told its new set."""
+        before = self._watching.pop(key, frozenset())
+        if refs:
+            self._watching[key] = refs
+        for upstream in sorted({ref.upstream for ref in before ^ refs}):
+            ids = frozenset(r.task_id for held in self._watching.values() for r in held if r.upstream == upstream)
+            if ids != self._told.get(upstream, frozenset()):
+                self._told[upstream] = ids
+                await self._pool.watch_tasks(upstream, ids)
 
     async def list_tasks(self, params: JsonObj | None, *, identity: Identity, session_id: str,
                          request_id: jsonrpc.RequestId, on_progress: ProgressCallback | None,

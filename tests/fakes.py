@@ -66,6 +66,8 @@ class FakePool(QuietLifecycle):
         self.task_listener: Callable[[str, str, JsonObj | None], None] | None = None
         #: The upstreams that list their tasks (2025-11-25 ``tasks/list``): none unless a test says so.
         self.tasks_listed_by: list[str] = []
+        #: upstream -> the task ids clients' listen streams follow there, as last told.
+        self.watched_tasks: dict[str, frozenset[str]] = {}
         #: (upstream, instructions) as a real pool reports them.
         self.upstream_instructions: list[tuple[str, str]] = []
 
@@ -92,6 +94,9 @@ class FakePool(QuietLifecycle):
 
     def task_listers(self) -> list[str]:
         return list(self.tasks_listed_by)
+
+    async def watch_tasks(self, upstream: str, task_ids: frozenset[str]) -> None:
+        self.watched_tasks[upstream] = task_ids
 
     async def listening(self, timeout: float) -> None:
         return None  # its notices are the test's own: nothing upstream to wait for

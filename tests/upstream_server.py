@@ -704,6 +704,7 @@ async def run_payment_tool(tool: str, args: JsonObj, state: State) -> JsonObj:
 
 
 def build_server(state: State) -> Server[Any]:
+    listen = ListenHandler(BUS) if state.era != "2025" else None
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -906,11 +907,11 @@ def build_server(state: State) -> Server[Any]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         on_set_logging_level=set_level,
-        on_subscriptions_listen=ListenHandler(BUS) if state.era != "2025" else None,
+        on_subscriptions_listen=listen,
     )
     server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     if state.tasks is not None:
-        install(server, state.tasks)
+        install(server, state.tasks, listen)
     return server
 
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from mcp import types
 from mcp.shared.exceptions import MCPError
-from mcp_types import RequestParams
+from mcp_types import RequestParams, SubscriptionsListenRequestParams
 from mcp_types import methods as mcp_methods
+from pydantic import BaseModel
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 CLIENT_CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
@@ -42,6 +43,7 @@ TERMINAL = frozenset({"completed", "failed", "cancelled"})
 MODERN_REVISION = "2026-07-28"
 METHOD_NOT_FOUND = -32601
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 #: The fixtures that run as 2025-11-25 tasks (the others ask questions, which v1 tasks relay differently).
 V1_TASK_TOOLS = frozenset({"slow_compute", "failing_job", "protocol_error_job"})
 #: What a 2025-11-25 server with tasks says in ``capabilities.tasks``.
@@ -123,12 +125,19 @@ class Task:
     #: A v1 task's announcer: sends ``notifications/tasks/status`` to the session that created it.
     announce: Announce | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Told of each change of status (the store's followers: listen streams that follow the task).
+    on_change: Callable[[Task], None] | None = None
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
 
     async def ask(self, key: str, request: JsonObj) -> object:
         """Park the task in ``input_required`` until ``tasks/update`` answers ``key``."""
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.asked[key], self.waiting[key] = request, future
         self.status, self.updated = "input_required", _now()
+        self.changed()
         return await future
 
     def answer(self, responses: object) -> None:
@@ -139,6 +148,7 @@ class Task:
                 future.set_result(value)
         if not self.asked and self.status == "input_required":
             self.status, self.updated = "working", _now()
+            self.changed()
 
     def v1(self) -> JsonObj:
         """The task as 2025-11-25 shows it (``Task``)."""
@@ -164,6 +174,7 @@ class Task:
             return
         self.status, self.result, self.error, self.updated = status, result, error, _now()
         self.ended.set()
+        self.changed()
         if self.announce is not None:
             asyncio.get_running_loop().create_task(self.announce(self.v1()))
 
@@ -197,6 +208,21 @@ class TaskStore:
     """One upstream process's tasks (in memory: a restarted upstream knows none)."""
 
     tasks: dict[str, Task] = field(default_factory=dict)
+    #: Told of every task's changes of status (listen streams following tasks).
+    followers: list[Callable[[Task], None]] = field(default_factory=list)
+
+    def add(self, task: Task) -> Task:
+        task.on_change = self._changed
+        self.tasks[task.task_id] = task
+        return task
+
+    def _changed(self, task: Task) -> None:
+        for follower in list(self.followers):
+            follower(task)
+
+    def follow(self, follower: Callable[[Task], None]) -> Callable[[], None]:
+        self.followers.append(follower)
+        return lambda: self.followers.remove(follower)
 
     async def call(self, name: str, args: JsonObj, meta: object, session_capabilities: object,
                    responses: object = None) -> JsonObj:
@@ -215,8 +241,7 @@ class TaskStore:
                 return {"resultType": "input_required",
                         "inputRequests": {"user_name": _elicit("What is your name?", name="string")}}
         stamp = _now()
-        task = Task(f"task-{secrets.token_hex(8)}", stamp, stamp)
-        self.tasks[task.task_id] = task
+        task = self.add(Task(f"task-{secrets.token_hex(8)}", stamp, stamp))
         task.runner = asyncio.get_running_loop().create_task(
             self._work(task, lambda: _run_fixture(name, args, task, gathered)))
         return {"resultType": "task", **task.envelope()}
@@ -234,8 +259,7 @@ class TaskStore:
     def call_v1(self, name: str, args: JsonObj, announce: Announce) -> JsonObj:
         """A 2025-11-25 task-augmented ``tools/call``: ``CreateTaskResult`` at once, the work in the background."""
         stamp = _now()
-        task = Task(f"task1-{secrets.token_hex(8)}", stamp, stamp, announce=announce)
-        self.tasks[task.task_id] = task
+        task = self.add(Task(f"task1-{secrets.token_hex(8)}", stamp, stamp, announce=announce))
         task.runner = asyncio.get_running_loop().create_task(self._work(task, lambda: _run_fixture(name, args, None)))
         return {"task": task.v1()}
 
@@ -302,8 +326,9 @@ class TaskParams(RequestParams):
     model_config = {**RequestParams.model_config, "extra": "allow"}
 
 
-def install(server: Any, store: TaskStore) -> None:
-    """The extension's methods on a low-level SDK server, and its advertisement; v1 shapes on a 2025 session."""
+def install(server: Any, store: TaskStore, listen: Any | None = None) -> None:
+    """The extension's methods on a low-level SDK server, and its advertisement; v1 shapes on a 2025 session.
+    ``listen``: the server's ``subscriptions/listen`` handler, which then also follows ``taskIds``."""
 
     def handler(modern: Callable[[RequestParams, object], JsonObj],
                 legacy: Callable[[RequestParams], Any] | None) -> Any:
@@ -327,6 +352,8 @@ def install(server: Any, store: TaskStore) -> None:
     server.add_request_handler("tasks/list", TaskParams, handler(removed, lambda _params: store.list_v1()))
     server.extensions[TASKS_EXTENSION] = {}
     server.tasks_v1 = True
+    if listen is not None:
+        server.add_request_handler("subscriptions/listen", TaskParams, following_tasks(listen, store))
     _admit_v1_created_tasks()
 
 
@@ -344,6 +371,45 @@ def _admit_v1_created_tasks() -> None:
 
     widened.admits_v1_tasks = True  # type: ignore[attr-defined]
     mcp_methods.serialize_server_result = widened
+
+
+class RawNotification(BaseModel):
+    """A notification the SDK has no model for (the extension's ``notifications/tasks``), sent as it is."""
+
+    method: str
+    params: JsonObj
+
+
+def following_tasks(listen: Any, store: TaskStore) -> Any:
+    """``subscriptions/listen`` with the extension's ``taskIds``: the SDK's own stream (list changes, resource
+    updates), and on it each change of a followed task as ``notifications/tasks`` (what ``tasks/get`` would say)."""
+
+    async def handle(ctx: Any, params: TaskParams) -> Any:
+        raw = params.model_dump(by_alias=True, exclude_none=True)
+        asked = (raw.get("notifications") or {}).get("taskIds") or []
+        followed = {t for t in asked if isinstance(t, str)}
+        own = SubscriptionsListenRequestParams.model_validate(raw)
+        if not followed:
+            return await listen(ctx, own)
+        changes: asyncio.Queue[Task] = asyncio.Queue()
+        unfollow = store.follow(lambda task: changes.put_nowait(task) if task.task_id in followed else None)
+
+        async def forward() -> None:
+            while True:
+                task = await changes.get()
+                detail = {k: v for k, v in task.detailed().items() if k != "resultType"}
+                await ctx.session.send_notification(RawNotification(
+                    method="notifications/tasks", params={**detail, "_meta": {SUBSCRIPTION_ID: ctx.request_id}}),
+                    related_request_id=ctx.request_id)
+
+        sender = asyncio.get_running_loop().create_task(forward())
+        try:
+            return await listen(ctx, own)
+        finally:
+            sender.cancel()
+            unfollow()
+
+    return handle
 
 
 def announcer(ctx: Any) -> Announce:

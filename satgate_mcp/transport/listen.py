@@ -1,7 +1,8 @@
 """``subscriptions/listen`` (2026-07-28): a modern client's long-lived stream of change notifications.
 
 It replaces the 2025 GET stream and ``resources/subscribe``: the request names what it wants
-(``toolsListChanged``, ``promptsListChanged``, ``resourcesListChanged``, ``resourceSubscriptions``),
+(``toolsListChanged``, ``promptsListChanged``, ``resourcesListChanged``, ``resourceSubscriptions``, and the tasks
+extension's ``taskIds``: the caller's own tasks, whose ``notifications/tasks`` it then gets),
 the gateway acknowledges the subset it will honour first, then sends only those, each stamped with
 the subscription id (the request's JSON-RPC id). Every merged list change reaches the streams that
 asked for it, whichever upstream and era caused it: the acknowledgement waits until each upstream's
@@ -24,7 +25,9 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.jsonrpc import JsonObj, RequestId
 from satgate_mcp.subscriptions import Origin, Subscriptions
+from satgate_mcp.task_ids import TASK_NOTICE, TaskRef, notice_with_task_id, notified_task_id
 from satgate_mcp.transport.stateless_rules import META_SUBSCRIPTION_ID
+from satgate_mcp.upstream.base import TaskNotice
 
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 #: Flag in the filter -> the notification it opts in to.
@@ -36,6 +39,7 @@ FLAG_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
 RESOURCE_UPDATED = "notifications/resources/updated"
 MAX_QUEUED = 1000
 MAX_RESOURCE_SUBSCRIPTIONS = 100
+MAX_TASK_IDS = 100
 #: How long an acknowledgement waits for the upstreams' own change streams (a dual-revision upstream's 2026-07-28
 #: side is found the first time: over stdio that starts a child).
 SETTLE_SECONDS = 10.0
@@ -47,6 +51,8 @@ log = structlog.get_logger("satgate_mcp.transport")
 class ListenFilter:
     lists: frozenset[str] = frozenset()  # notification methods
     uris: frozenset[str] = frozenset()
+    #: The caller's own task ids it follows (as the caller knows them: sealed); delivered by ``task_notice``.
+    tasks: frozenset[str] = frozenset()
 
     def wants(self, method: str, params: JsonObj | None) -> bool:
         if method == RESOURCE_UPDATED:
@@ -57,21 +63,40 @@ class ListenFilter:
         wire: JsonObj = {flag: True for flag, method in LIST_FLAGS.items() if method in self.lists}
         if self.uris:
             wire["resourceSubscriptions"] = sorted(self.uris)
+        if self.tasks:
+            wire["taskIds"] = sorted(self.tasks)
         return wire
 
 
-def requested_filter(params: JsonObj | None) -> tuple[set[str], list[str]] | str:
-    """(flags asked for, URIs asked for), or why the request is malformed."""
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a listen request asks for, well-formed."""
+
+    flags: set[str]
+    uris: list[str]
+    task_ids: list[str]
+
+
+def _strings(notifications: JsonObj, key: str, limit: int, what: str) -> list[str] | str:
+    values = notifications.get(key, [])
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        return f"notifications.{key} must be a list of {what}"
+    if len(values) > limit:
+        return f"at most {limit} {what} per stream"
+    return list(dict.fromkeys(values))
+
+
+def requested_filter(params: JsonObj | None) -> Asked | str:
+    """What the request asks for, or why it is malformed."""
     notifications = (params or {}).get("notifications")
     if not isinstance(notifications, dict):
         return "subscriptions/listen needs params.notifications (an object)"
     flags = {flag for flag in LIST_FLAGS if notifications.get(flag) is True}
-    uris = notifications.get("resourceSubscriptions", [])
-    if not isinstance(uris, list) or not all(isinstance(u, str) and u for u in uris):
-        return "notifications.resourceSubscriptions must be a list of URIs"
-    if len(uris) > MAX_RESOURCE_SUBSCRIPTIONS:
-        return f"at most {MAX_RESOURCE_SUBSCRIPTIONS} resource subscriptions per stream"
-    return flags, list(dict.fromkeys(uris))
+    uris = _strings(notifications, "resourceSubscriptions", MAX_RESOURCE_SUBSCRIPTIONS, "URIs")
+    task_ids = _strings(notifications, "taskIds", MAX_TASK_IDS, "task ids")
+    if isinstance(uris, str) or isinstance(task_ids, str):
+        return uris if isinstance(uris, str) else str(task_ids)
+    return Asked(flags, uris, task_ids)
 
 
 def honoured_lists(flags: Iterable[str], capabilities: JsonObj) -> frozenset[str]:
@@ -114,6 +139,8 @@ class Listener:
     filter: ListenFilter
     #: Who listens: a policy reload tells only those whose lists it changed.
     identity: Identity | None = None
+    #: The tasks it follows: (upstream, the upstream's id) -> the id the caller knows (the sealed one).
+    task_refs: dict[TaskRef, str] = field(default_factory=dict)
     #: One slot beyond MAX_QUEUED for the None that ends a stream whose reader fell behind.
     queue: asyncio.Queue[JsonObj | None] = field(default_factory=lambda: asyncio.Queue(MAX_QUEUED + 1))
 
@@ -167,6 +194,19 @@ class Listeners:
             if listener.filter.wants(method, params):
                 listener.deliver(stamped(message, listener.subscription_id))
 
+    def task_notice(self, upstream: str, method: str, params: JsonObj | None) -> None:
+        """The pool's task listener: a task's ``notifications/tasks`` reaches each stream that follows it, under the
+        id its caller knows."""
+        task_id = notified_task_id(params)
+        if method != TASK_NOTICE or task_id is None or params is None:
+            return
+        ref = TaskRef(upstream, task_id)
+        for listener in self._open.values():
+            sealed = listener.task_refs.get(ref)
+            if sealed is not None:
+                message = jsonrpc.notification_message(method, notice_with_task_id(params, sealed))
+                listener.deliver(stamped(message, listener.subscription_id))
+
     async def end_all(self) -> None:
         """On shutdown: each stream ends with its result, and this returns once all have written it."""
         self.closing = True
@@ -184,4 +224,12 @@ def fan_out(*listeners: Notice) -> Notice:
     def notice(method: str, params: JsonObj | None, origin: Origin | None = None) -> None:
         for listener in listeners:
             listener(method, params, origin)
+    return notice
+
+
+def fan_out_tasks(*listeners: TaskNotice) -> TaskNotice:
+    """One task listener feeding several: 2025 sessions' streams and 2026 listen streams."""
+    def notice(upstream: str, method: str, params: JsonObj | None) -> None:
+        for listener in listeners:
+            listener(upstream, method, params)
     return notice

@@ -23,6 +23,7 @@ from satgate_mcp import jsonrpc
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.sessions import Session
 from satgate_mcp.subscriptions import Origin, SubscriptionTable
+from satgate_mcp.task_ids import TASK_STATUS
 from satgate_mcp.task_relay import TaskRelay
 from satgate_mcp.transport import rules
 from satgate_mcp.transport.answers import refusal_answer
@@ -156,7 +157,7 @@ class StreamHub:
         """The pool's task listener: a task's status reaches the stream of the session that created it, alone."""
 
         def notice(upstream: str, method: str, params: JsonObj | None) -> None:
-            found = relay.notice(upstream, method, params)
+            found = relay.notice(upstream, method, params) if method == TASK_STATUS else None
             if found is not None and not self.send(*found):
                 log.debug("task_notice_unheard", upstream=upstream, method=method)
 

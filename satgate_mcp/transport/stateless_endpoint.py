@@ -21,6 +21,7 @@ from satgate_mcp.dispatch import Dispatcher
 from satgate_mcp.inflight import too_many_in_flight
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.keys import RPC_METHOD
+from satgate_mcp.task_ids import undeclared_modern_client
 from satgate_mcp.transport import listen, mrtr, rules, stateless_rules
 from satgate_mcp.transport.answers import json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.call_answer import SSE_HEADERS, CallStream
@@ -67,25 +68,30 @@ class StatelessEndpoint:
                                                       {"error": "invalid_params"}), 400)
         if self.listeners.closing:
             return refusal_answer(SHUTTING_DOWN, message.id)
-        flags, uris = asked
-        limiter, subscriptions = self._runner.limiter, self._dispatcher.subscriptions
+        limiter, subscriptions, tasks = self._runner.limiter, self._dispatcher.subscriptions, self._dispatcher.tasks
         # An open stream holds an in-flight slot like a call: one token cannot hold connections without bound.
         if not limiter.try_acquire(principal.quota_key):
             return json_answer(too_many_in_flight(message.id))
         capabilities = self._dispatcher.capabilities()
-        lists = listen.honoured_lists(flags, capabilities)
+        lists = listen.honoured_lists(asked.flags, capabilities)
         listener = self.listeners.open(message.id, listen.ListenFilter(lists), principal.identity)
         try:
             subscribable = isinstance(capabilities.get("resources"), dict) and bool(
                 capabilities["resources"].get("subscribe"))
-            readable = [u for u in uris if subscribable and principal.identity.allows_resource(u)]
+            readable = [u for u in asked.uris if subscribable and principal.identity.allows_resource(u)]
             subscribed = [u for u in readable if await listen.subscribe_uri(subscriptions, listener.key, u)]
-            listener.filter = listen.ListenFilter(lists, frozenset(subscribed))
+            # The caller's own tasks, when it declared the extension: any other id is not honoured, as unknown.
+            followed = {} if undeclared_modern_client("2026", meta_of(message.params)) else tasks.listened(
+                asked.task_ids, token_id=principal.identity.token_id, session_id=f"token:{principal.identity.token_id}")
+            listener.task_refs = followed
+            listener.filter = listen.ListenFilter(lists, frozenset(subscribed), frozenset(followed.values()))
+            await tasks.watch(listener.key, frozenset(followed))
             await self._dispatcher.listening(listen.SETTLE_SECONDS)
             return await self._serve_listen(request, listener)
         finally:
             self.listeners.release(listener)
             subscriptions.end_session(listener.key)
+            await tasks.watch(listener.key, frozenset())
             limiter.release(principal.quota_key)
 
     async def _serve_listen(self, request: web.Request, listener: listen.Listener) -> web.StreamResponse:

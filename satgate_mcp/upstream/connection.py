@@ -89,6 +89,8 @@ class UpstreamConnection(Generic[SpecT]):
         self._modern = False
         #: A modern upstream's subscribed URIs (the pool's subscriptions, reference-counted there): its listen filter.
         self._resource_subscriptions: set[str] = set()
+        #: The extension's task ids some client's listen stream follows here (task_relay.py): also in that filter.
+        self._watched_tasks: frozenset[str] = frozenset()
         #: What every client span to this upstream records (made on the first traced request).
         self._span_attributes: Attributes | None = None
         #: ``auto`` after the handshake: the upstream's 2026-07-28 side, looked for on the first 2026 request.
@@ -223,6 +225,7 @@ class UpstreamConnection(Generic[SpecT]):
         twin = self._make_twin()
         if isinstance(twin, UpstreamConnection):
             twin._resource_subscriptions |= self._resource_subscriptions
+            twin._watched_tasks = self._watched_tasks
         return twin
 
     def _make_twin(self) -> Probe:
@@ -259,7 +262,8 @@ class UpstreamConnection(Generic[SpecT]):
     def _listen_request(self, request_id: RequestId) -> JsonObj:
         """The gateway's ``subscriptions/listen`` with the current filter: in force once acknowledged (again)."""
         self._inbox.acknowledged.clear()
-        return jsonrpc.request_message(request_id, "subscriptions/listen", listen_params(self._resource_subscriptions))
+        return jsonrpc.request_message(request_id, "subscriptions/listen",
+                                       listen_params(self._resource_subscriptions, self._watched_tasks))
 
     async def _subscribe_dual(self, method: str, params: JsonObj | None, budget: float,
                               on_progress: ProgressCallback | None) -> JsonObj:
@@ -272,6 +276,15 @@ class UpstreamConnection(Generic[SpecT]):
         if uri is not None and twin is not None:
             await twin.request(method, {"uri": uri})
         return reply
+
+    async def watch_tasks(self, task_ids: frozenset[str]) -> None:
+        """The task ids clients follow on this upstream: its (or a dual upstream's 2026-07-28 side's) listen filter."""
+        self._watched_tasks = task_ids
+        twin = self._twin.current if self._twin is not None else None
+        if self._modern:
+            await self._relisten()
+        elif isinstance(twin, UpstreamConnection):
+            await twin.watch_tasks(task_ids)
 
     async def _close_twin(self) -> None:
         if self._twin is not None:

@@ -52,6 +52,14 @@ class UpstreamListings:
         """The ready upstreams that list their tasks (2025-11-25 ``capabilities.tasks.list``), in order."""
         return lists_tasks({n: self._upstreams[n].initialize_result for n in self._order if self._upstreams[n].ready})
 
+    async def watch_tasks(self, upstream: str, task_ids: frozenset[str]) -> None:
+        """The task ids clients' listen streams follow on ``upstream`` (its listen filter's ``taskIds``).
+
+        Only a connection that listens can follow one: an isolated upstream's children do not."""
+        watch = getattr(self._upstreams.get(upstream), "watch_tasks", None)
+        if watch is not None:
+            await watch(task_ids)
+
     def learn_tools(self, hook: ToolsHook) -> None:
         """The one hook that sees each upstream's tools as listed, before anyone is shown them (tool pinning)."""
         self._tools_hook = hook

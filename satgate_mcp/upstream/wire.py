@@ -121,13 +121,17 @@ LIST_METHODS = frozenset({"tools/list", "prompts/list", "resources/list", "resou
 SUBSCRIPTION_METHODS = {"resources/subscribe": True, "resources/unsubscribe": False}
 
 
-def listen_params(uris: Iterable[str] = ()) -> JsonObj:
-    """Every list change a modern upstream can announce (the pool re-lists on each, as on 2025 notifications) and
-    the updates of ``uris``: the resources some client of the gateway is subscribed to on that upstream."""
+def listen_params(uris: Iterable[str] = (), task_ids: Iterable[str] = ()) -> JsonObj:
+    """Every list change a modern upstream can announce (the pool re-lists on each, as on 2025 notifications), the
+    updates of ``uris`` (the resources some client of the gateway is subscribed to on that upstream) and the status
+    of ``task_ids`` (the tasks extension's ``taskIds``: tasks some client's listen stream follows)."""
     notifications: JsonObj = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
     subscribed = sorted(set(uris))
     if subscribed:
         notifications["resourceSubscriptions"] = subscribed
+    watched = sorted(set(task_ids))
+    if watched:
+        notifications["taskIds"] = watched
     return with_modern_meta({"notifications": notifications})
 
 

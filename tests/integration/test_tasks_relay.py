@@ -125,3 +125,89 @@ async def test_a_sealed_task_id_outlives_a_gateway_restart(tmp_path: Path) -> No
         assert done["status"] == "completed"
         assert done["taskId"] == task_id
         assert unknown(await Client(http, "tok-bob").rpc(gw, "tasks/get", {"taskId": task_id}))[0] == -32602
+
+
+async def listen_for(client: Client, gw: GatewayProcess, task_ids: list[str],
+                     heard: asyncio.Queue[dict[str, Any]]) -> None:
+    """A ``subscriptions/listen`` stream following ``task_ids``; every message it carries is queued."""
+    client.ids += 1
+    caps: dict[str, Any] = {"extensions": {TASKS: {}}} if client.declares else {}
+    meta = {"io.modelcontextprotocol/protocolVersion": VERSION, "io.modelcontextprotocol/clientCapabilities": caps,
+            "io.modelcontextprotocol/clientInfo": {"name": "tasks-test", "version": "1"}}
+    body = {"jsonrpc": "2.0", "id": client.ids, "method": "subscriptions/listen",
+            "params": {"notifications": {"taskIds": task_ids}, "_meta": meta}}
+    headers = {"Authorization": f"Bearer {client.token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": VERSION,
+               "Mcp-Method": "subscriptions/listen"}
+    async with client.http.stream("POST", f"{gw.url}/mcp", content=json.dumps(body), headers=headers) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data:") and line[5:].strip():
+                await heard.put(json.loads(line[5:]))
+
+
+async def next_of(heard: asyncio.Queue[dict[str, Any]], method: str) -> dict[str, Any]:
+    while True:
+        message = await asyncio.wait_for(heard.get(), 10)
+        if message.get("method") == method:
+            return dict(message["params"])
+
+
+async def answer_parked(client: Client, gw: GatewayProcess, task_id: str) -> None:
+    """Once ``confirm_delete``'s task asks its question (polled, as a client polls), answer it: the task ends."""
+    for _ in range(POLL_BOUND):
+        result = (await client.rpc(gw, "tasks/get", {"taskId": task_id}))["result"]
+        if result["status"] == "input_required":
+            key = next(iter(result["inputRequests"]))
+            await client.rpc(gw, "tasks/update", {"taskId": task_id, "inputResponses": {
+                key: {"action": "accept", "content": {"confirm": True}}}})
+            return
+        await asyncio.sleep(0.1)  # the protocol's own polling (pollIntervalMs): nothing to await instead
+    raise AssertionError(f"task {task_id} never asked")
+
+
+async def task_ids_heard_until_done(heard: asyncio.Queue[dict[str, Any]], task_id: str) -> list[dict[str, Any]]:
+    """Every ``notifications/tasks`` a stream carries until ``task_id`` is announced ended."""
+    seen = []
+    while True:
+        params = await next_of(heard, "notifications/tasks")
+        seen.append(params)
+        if params["taskId"] == task_id and params["status"] in ("completed", "failed", "cancelled"):
+            return seen
+
+
+@pytest.mark.parametrize(("era", "transport"), [("2026", "stdio"), ("2026", "http"), ("both", "http")])
+async def test_a_listen_stream_hears_its_own_tasks_status(tmp_path: Path, era: str, transport: str) -> None:
+    """``taskIds`` on ``subscriptions/listen``: the caller's own tasks' ``notifications/tasks`` arrive under their
+    sealed ids; another token naming the same id is honoured nothing for it and hears nothing of it."""
+    async with (gateway_in_front(tmp_path, root_key=ROOT_KEY, name="alpha", transport=transport,
+                                 args=("--name", "alpha", "--era", era, "--tasks")) as gw,
+                httpx2.AsyncClient(trust_env=False, timeout=httpx2.Timeout(20.0)) as http):
+        alice, mallory = Client(http, "tok-alice"), Client(http, "tok-mallory")
+        undeclared = Client(http, "tok-alice", declares_tasks=False)
+        # confirm_delete's tasks wait in input_required until tasks/update answers: each ends when its owner says
+        mine = (await alice.rpc(gw, "tools/call", {"name": "confirm_delete", "arguments": {"filename": "a"}}))
+        theirs = (await mallory.rpc(gw, "tools/call", {"name": "confirm_delete", "arguments": {"filename": "m"}}))
+        mine_id, theirs_id = mine["result"]["taskId"], theirs["result"]["taskId"]
+        streams = {who: asyncio.Queue[dict[str, Any]]() for who in ("alice", "mallory", "undeclared")}
+        readers = [asyncio.create_task(listen_for(alice, gw, [mine_id], streams["alice"])),
+                   asyncio.create_task(listen_for(mallory, gw, [mine_id, theirs_id], streams["mallory"])),
+                   asyncio.create_task(listen_for(undeclared, gw, [mine_id], streams["undeclared"]))]
+        try:
+            acks = {who: await next_of(q, "notifications/subscriptions/acknowledged") for who, q in streams.items()}
+            assert acks["alice"]["notifications"]["taskIds"] == [mine_id]
+            assert acks["mallory"]["notifications"]["taskIds"] == [theirs_id]  # Alice's: honoured as unknown is
+            assert "taskIds" not in acks["undeclared"]["notifications"]  # no extension declared
+            await answer_parked(alice, gw, mine_id)
+            heard = await task_ids_heard_until_done(streams["alice"], mine_id)
+            assert {h["taskId"] for h in heard} == {mine_id}
+            assert heard[-1]["status"] == "completed"
+            assert heard[-1]["result"]["content"][0]["text"] == "deleted a"
+            # Mallory's own task ends after Alice's: anything of Alice's routed to her would have come first.
+            await answer_parked(mallory, gw, theirs_id)
+            assert {h["taskId"] for h in await task_ids_heard_until_done(streams["mallory"], theirs_id)} == {
+                theirs_id}
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
