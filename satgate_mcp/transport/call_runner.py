@@ -48,6 +48,11 @@ def inflight_limiter(settings: Settings, auth_mode: str) -> InflightLimiter:
                            total=settings.max_inflight)
 
 
+def stateless_session_id(token_id: str) -> str:
+    """What a 2026-07-28 caller's requests run under in place of a session (duplicate keys, task ids): its token."""
+    return f"token:{token_id}"
+
+
 def _meta_of(params: JsonObj | None) -> JsonObj:
     meta = (params or {}).get("_meta")
     return meta if isinstance(meta, dict) else {}
@@ -209,7 +214,7 @@ class CallRunner:
 
         Without a session (2026-07-28) the duplicate guard keys by token id + request id + params."""
         session = caller if isinstance(caller, Session) else None
-        session_id = session.id if session is not None else f"token:{caller.identity.token_id}"
+        session_id = session.id if session is not None else stateless_session_id(caller.identity.token_id)
         client = None
         if self._dispatcher.guarded:  # who the client says it is costs a little, and only guards ask
             client = (ClientFacts.of(session.protocol_version, session.client_info) if session is not None else

@@ -25,7 +25,7 @@ from satgate_mcp.task_ids import undeclared_modern_client
 from satgate_mcp.transport import listen, mrtr, rules, stateless_rules
 from satgate_mcp.transport.answers import json_answer, refusal_answer, sse_event
 from satgate_mcp.transport.call_answer import SSE_HEADERS, CallStream
-from satgate_mcp.transport.call_runner import CallRunner
+from satgate_mcp.transport.call_runner import CallRunner, stateless_session_id
 from satgate_mcp.transport.checks import Principal, RequestChecks
 from satgate_mcp.transport.listen import Listeners
 from satgate_mcp.transport.relay import Emit
@@ -82,7 +82,8 @@ class StatelessEndpoint:
             subscribed = [u for u in readable if await listen.subscribe_uri(subscriptions, listener.key, u)]
             # The caller's own tasks, when it declared the extension: any other id is not honoured, as unknown.
             followed = {} if undeclared_modern_client("2026", meta_of(message.params)) else tasks.listened(
-                asked.task_ids, token_id=principal.identity.token_id, session_id=f"token:{principal.identity.token_id}")
+                asked.task_ids, token_id=principal.identity.token_id,
+                session_id=stateless_session_id(principal.identity.token_id))
             listener.task_refs = followed
             listener.filter = listen.ListenFilter(lists, frozenset(subscribed), frozenset(followed.values()))
             await tasks.watch(listener.key, frozenset(followed))
@@ -91,8 +92,8 @@ class StatelessEndpoint:
         finally:
             self.listeners.release(listener)
             subscriptions.end_session(listener.key)
-            await tasks.watch(listener.key, frozenset())
             limiter.release(principal.quota_key)
+            await tasks.watch(listener.key, frozenset())  # last: the stream's own state is released whatever it does
 
     async def _serve_listen(self, request: web.Request, listener: listen.Listener) -> web.StreamResponse:
         response = web.StreamResponse(headers=dict(SSE_HEADERS))
