@@ -7,7 +7,7 @@ directly (over Streamable HTTP) and through ``python -m satgate_mcp serve`` (aut
 ``auto``) with that upstream over stdio and over HTTP: nine targets, each with processes of its own (the
 upstream keeps state a scenario changes), run concurrently (``--jobs``). Every server scenario of one spec version
 (``--spec-version``, default 2025-11-25; CI runs both) runs against each target at that version's wire, and at
-2026-07-28 the runner's tasks extension scenarios too (reported, never scored: the runner does not score them).
+2026-07-28 the runner's tasks extension scenarios too (the runner does not score them; this script does, like the rest).
 It prints a table per upstream and exits non-zero when a check that passes directly against an upstream does not
 pass through a gateway target in front of it and is not listed in that version's expected-failures file:
 ``tests/conformance/expected-gateway-failures.yaml`` for 2025-11-25,
@@ -134,6 +134,12 @@ def stale(found: Sequence[tuple[str, str]], expected: Mapping[str, str]) -> list
     """Listed expected failures that no longer fail: the list should shrink."""
     seen = {f"{s}/{c}" for s, c in found}
     return sorted(k for k in expected if k not in seen)
+
+
+def with_extensions(results: Mapping[str, Checks], extensions: Mapping[str, Checks]) -> dict[str, Checks]:
+    """Each target's checks with its extension scenarios' checks: a tasks check that passes directly and not through
+    the gateway is a regression like any other."""
+    return {name: {**checks, **extensions.get(name, {})} for name, checks in results.items()}
 
 
 def load_expected(text: str) -> dict[str, dict[str, str]]:
@@ -410,10 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== upstream --era {era} ({spec_version})")
         print(table({kind: results[target(kind, era)] for kind in (DIRECT, *GATEWAY_TARGETS)}))
     if extension_results:
-        print(f"\n== extension scenarios ({', '.join(extensions)}): reported, not scored")
+        print(f"\n== extension scenarios ({', '.join(extensions)}): unscored by the runner, scored here")
         print(table(extension_results))
     print()
-    failed = judge(results, expected, expected_path)
+    failed = judge(with_extensions(results, extension_results), expected, expected_path)
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

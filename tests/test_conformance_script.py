@@ -23,6 +23,7 @@ from scripts.conformance import (
     target,
     targets,
     unexpected,
+    with_extensions,
 )
 
 
@@ -117,6 +118,15 @@ def test_three_upstreams_each_directly_and_through_the_gateway_over_stdio_and_ht
         "direct-2025", "gateway-stdio-2025", "gateway-http-2025",
         "direct-2026", "gateway-stdio-2026", "gateway-http-2026",
         "direct-both", "gateway-stdio-both", "gateway-http-both"]
+
+
+def test_extension_checks_are_judged_with_the_rest() -> None:
+    """The runner leaves the tasks scenarios unscored; a tasks check lost through the gateway is still a regression."""
+    direct = {("tools-list", "a"): "SUCCESS"}
+    extensions = {"direct": {("tasks-lifecycle", "b"): "SUCCESS"}, "gw": {("tasks-lifecycle", "b"): "FAILURE"}}
+    scored = with_extensions({"direct": direct, "gw": dict(direct)}, extensions)
+    assert regressions(scored["direct"], scored["gw"]) == [("tasks-lifecycle", "b")]
+    assert with_extensions({"direct": direct}, {}) == {"direct": direct}  # 2025-11-25: no extension scenarios
 
 
 @pytest.mark.parametrize(("listing", "found"), [

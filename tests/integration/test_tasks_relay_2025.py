@@ -157,3 +157,22 @@ async def test_2025_tasks_through_the_gateway(tmp_path: Path, era: str, transpor
         cancelled = (await alice.rpc("tasks/cancel", {"taskId": running}))["result"]
         assert (cancelled["taskId"], cancelled["status"]) == (running, "cancelled")
         assert error_of(await alice.rpc("tasks/list", {"cursor": "not-ours"}))[0] == -32602
+
+
+async def test_a_2025_sealed_task_id_outlives_a_gateway_restart(tmp_path: Path) -> None:
+    """A new gateway process (empty memory, same keys) resumes the session and routes its sealed id to the HTTP
+    upstream holding the task; it does not remember who created which task, so its ``tasks/list`` shows none."""
+    async with (gateway_in_front(tmp_path, root_key=ROOT_KEY, name="alpha", transport="http",
+                                 args=("--name", "alpha", "--era", "2025", "--tasks")) as gw,
+                httpx2.AsyncClient(trust_env=False, timeout=httpx2.Timeout(20.0)) as http):
+        alice = await Session(http, gw, "tok-alice").open()
+        mine = await alice.create(0.3, "before")
+        await gw.kill()
+        gw.start()
+        await gw.wait_ready()
+        result = (await alice.rpc("tasks/result", {"taskId": mine}))["result"]  # the same Mcp-Session-Id
+        assert result["content"][0]["text"] == "computed before"
+        assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == mine
+        assert (await alice.rpc("tasks/list", {}))["result"]["tasks"] == []
+        bob = await Session(http, gw, "tok-bob").open()
+        assert error_of(await bob.rpc("tasks/result", {"taskId": mine})) == UNKNOWN
