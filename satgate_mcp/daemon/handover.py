@@ -1,8 +1,9 @@
 """The handover channel: the new process asks the old one, over a Unix socket, for its stdio children.
 
-The socket lives in the state folder, owner-only (0600), and each side checks the other's uid
-(``SO_PEERCRED``): a child's pipes go only to a process of the same user. The exchange, one frame each
-(a 4-byte length, the number of descriptors attached, JSON; descriptors ride on the header, ``SCM_RIGHTS``):
+The socket lives in the state folder, one per listening port (``handover-<port>.sock``), owner-only (0600),
+and each side checks the other's uid (``SO_PEERCRED``): a child's pipes go only to a process of the same user.
+The exchange, one frame each (a 4-byte length, the number of descriptors attached, JSON; descriptors ride on
+the header, ``SCM_RIGHTS``):
 
 1. new -> old ``{"op": "describe"}``; old -> new ``{"records": [...]}``: the new process plans its start
    with them (lists known, calls for those children wait for them), and listens;
@@ -34,7 +35,9 @@ from satgate_mcp.upstream.stdio_handover import Delivery
 
 log = structlog.get_logger("satgate_mcp.runner")
 
-SOCKET_NAME = "handover.sock"
+#: One channel per listening port: daemons sharing a state folder on other ports keep channels of their own, and
+#: a ``--handover`` start (which takes over the port) asks the process on that port.
+SOCKET_NAME = "handover-{port}.sock"
 HEADER = struct.Struct(">IB")
 MAX_FRAME = 16 * 1024 * 1024
 #: Descriptors one child brings: stdin, stdout, stderr, pidfd.
@@ -57,8 +60,8 @@ def peer_uid(sock: socket.socket) -> int:
     return int(uid)
 
 
-def socket_path(state_dir: Path) -> Path:
-    return state_dir / SOCKET_NAME
+def socket_path(state_dir: Path, port: int) -> Path:
+    return state_dir / SOCKET_NAME.format(port=port)
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:

@@ -24,10 +24,10 @@ log = structlog.get_logger("satgate_mcp.runner")
 
 
 class HandoverRun:
-    def __init__(self, pool: object, state_dir: Path | None, stop: asyncio.Event,
+    def __init__(self, pool: object, state_dir: Path | None, port: int, stop: asyncio.Event,
                  stored: list[InheritedFd] | None = None) -> None:
         self._pool = pool if isinstance(pool, UpstreamPool) else None
-        self._path = socket_path(state_dir) if state_dir is not None else None
+        self._path = socket_path(state_dir, port) if state_dir is not None else None
         self._stop = stop
         self._stored = stored or []
         self._client: HandoverClient | None = None

@@ -215,7 +215,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     clock = loop.time  # what asyncio's own timeouts count in
     listeners, stored, notifier = _acquire(settings, environ, pid)
     stop, cut = asyncio.Event(), asyncio.Event()
-    handover = HandoverRun(None, resolve_state_dir(settings.state_dir, environ), stop)
+    handover = HandoverRun(None, resolve_state_dir(settings.state_dir, environ), settings.port, stop)
 
     def on_signal(signame: str) -> None:
         if not stop.is_set() or handover.requested:
@@ -234,7 +234,7 @@ async def run(settings: Settings, *, environ: MutableMapping[str, str], pid: int
     try:
         tracker = ConnectionTracker(clock, max_connections=settings.max_connections)
         app = create_app(settings)
-        handover = HandoverRun(app[POOL], resolve_state_dir(settings.state_dir, environ), stop, stored)
+        handover = HandoverRun(app[POOL], resolve_state_dir(settings.state_dir, environ), settings.port, stop, stored)
         # Outermost, so a request counts as busy until every other middleware is done with its response.
         app.middlewares.insert(0, tracker.middleware)
         app.on_response_prepare.append(tracker.on_response_prepare)

@@ -84,7 +84,7 @@ async def test_three_handovers_under_load_keep_the_children_and_their_state(
     env = gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state), SATGATE_UPSTREAMS=upstreams)
     old = await gateways.start(env, name="gateway-0")
     await old.wait_event("listening")
-    assert stat.S_IMODE((state / "handover.sock").stat().st_mode) == 0o600
+    assert stat.S_IMODE((state / f"handover-{port}.sock").stat().st_mode) == 0o600
     stop, calls = asyncio.Event(), LoopStats()
     counted = [Counted() for _ in range(SESSIONS)]
     async with contextlib.AsyncExitStack() as stack:
@@ -157,6 +157,25 @@ async def test_an_adopted_child_that_dies_is_restarted_as_any_child(gateways: Ga
     assert fresh != before
     new.signal()
     assert await new.exited() == 0
+
+
+async def test_two_daemons_on_one_state_folder_keep_channels_of_their_own(gateways: Gateways, tmp_path: Path) -> None:
+    """One channel per port: a ``--handover`` start takes over the daemon on its port, never the other one, whose
+    channel a shared file name would have replaced (the last to start would have been asked)."""
+    state = tmp_path / "state"
+    upstreams = json.dumps({"up": {"transport": "stdio", "command": upstream_command()}})
+    ports = [free_port(), free_port()]
+    envs = [gateway_env(port, SATGATE_REUSE_PORT="true", SATGATE_STATE_DIR=str(state), SATGATE_UPSTREAMS=upstreams)
+            for port in ports]
+    first = await gateways.start(envs[0], name="gateway-a")
+    await first.wait_event("listening")
+    second = await gateways.start(envs[1], name="gateway-b")  # started last: it used to own the one channel
+    await second.wait_event("listening")
+    assert sorted(p.name for p in state.glob("handover*.sock")) == sorted(f"handover-{p}.sock" for p in ports)
+    successor = await take_over(gateways, envs[0], first, "gateway-a2")
+    assert successor.find("upstream_adopted")[0]["pid"] == first.upstream_pids()[0]
+    assert second.proc.returncode is None  # the daemon on the other port runs on, its child untouched
+    assert not second.find("stop_requested")
 
 
 async def test_attack_a_handover_channel_of_another_user_is_refused(tmp_path: Path) -> None:
