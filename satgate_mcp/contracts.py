@@ -69,8 +69,9 @@ class Pool(Protocol):
         """One session's level, for the upstream children that are its own (``"isolation"``)."""
     async def call_tool(self, params: JsonObj, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...
     async def task_request(self, upstream: str, method: str, params: JsonObj, *,
-                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
-        """A task method (tasks extension) on the named upstream; None when it is not configured."""
+                           on_progress: ProgressCallback | None = None, timeout: float | None = None
+                           ) -> JsonObj | None:
+        """A task method on the named upstream (``timeout``: instead of its own); None when it is not configured."""
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                             ) -> JsonObj: ...
     async def subscribe(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj: ...

@@ -45,6 +45,9 @@ from satgate_mcp.upstream.eras import client_era
 MAX_OWNED_TASKS = 10_000
 #: Pages of one upstream's 2025-11-25 ``tasks/list`` read for one client's ``tasks/list``.
 MAX_LIST_PAGES = 20
+#: How long 2025-11-25's ``tasks/result`` (which waits for the task to end) may wait: a task is long work, so the
+#: upstream's call timeout, which bounds every other request, does not bound this one.
+RESULT_WAIT_SECONDS = 3600.0
 #: (token id, session id): who created a task, as its sealed id binds it.
 Owner = tuple[str, str]
 
@@ -189,7 +192,8 @@ class TaskRelay:
         admitted()
         try:
             reply = await self._pool.task_request(ref.upstream, method, {**(params or {}), "taskId": ref.task_id},
-                                                  on_progress=on_progress)
+                                                  on_progress=on_progress,
+                                                  timeout=RESULT_WAIT_SECONDS if method == "tasks/result" else None)
         finally:
             await self._policy.settle(admission, ran=True)
         if reply is None:  # the upstream is no longer configured: its tasks are gone with it

@@ -150,7 +150,8 @@ class FakePool(QuietLifecycle):
         return await self.call("tools/call", params, on_progress=on_progress)
 
     async def task_request(self, upstream: str, method: str, params: JsonObj, *,
-                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+                           on_progress: ProgressCallback | None = None, timeout: float | None = None
+                           ) -> JsonObj | None:
         return await self.call(method, params, on_progress=on_progress)
 
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:

@@ -12,7 +12,7 @@ from satgate_mcp.events import RecordingPublisher
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.metrics import Metrics
 from satgate_mcp.task_ids import TaskRef, derive_task_keys, seal_task_id
-from satgate_mcp.task_relay import TaskOwners, TaskRelay
+from satgate_mcp.task_relay import RESULT_WAIT_SECONDS, TaskOwners, TaskRelay
 from satgate_mcp.upstream.base import ProgressCallback
 from tests.fakes import FakePool
 
@@ -27,6 +27,8 @@ class TaskPool(FakePool):
     def __init__(self) -> None:
         super().__init__()
         self.task_calls: list[tuple[str, str, JsonObj]] = []
+        #: method -> the timeout the relay asked for it (None: the upstream's own).
+        self.timeouts: dict[str, float | None] = {}
 
     async def call(self, method: str, params: JsonObj | None, *, on_progress: ProgressCallback | None = None
                    ) -> JsonObj:
@@ -34,8 +36,10 @@ class TaskPool(FakePool):
         return jsonrpc.result_response(None, {"resultType": "task", "taskId": "up-1", "status": "working"})
 
     async def task_request(self, upstream: str, method: str, params: JsonObj, *,
-                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+                           on_progress: ProgressCallback | None = None, timeout: float | None = None
+                           ) -> JsonObj | None:
         self.task_calls.append((upstream, method, params))
+        self.timeouts[method] = timeout
         if upstream != "fake":
             return None
         return jsonrpc.result_response(None, {"resultType": "complete", "taskId": params["taskId"],
@@ -96,7 +100,8 @@ class ListingPool(TaskPool):
         return jsonrpc.result_response(None, {"task": {"taskId": f"up-{self.created}", "status": "working"}})
 
     async def task_request(self, upstream: str, method: str, params: JsonObj, *,
-                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+                           on_progress: ProgressCallback | None = None, timeout: float | None = None
+                           ) -> JsonObj | None:
         self.task_calls.append((upstream, method, params))
         if upstream == "down":
             raise UpstreamUnavailable("down", {"upstream": "down"})
@@ -166,3 +171,13 @@ def test_2025_tasks_capability_is_said_at_the_handshake_only() -> None:
     discovered = d.discover_result(["2026-07-28"])["capabilities"]
     assert "tasks" not in discovered
     assert discovered["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+
+
+async def test_a_2025_task_result_waits_longer_than_a_call() -> None:
+    """``tasks/result`` waits for the task to end: the upstream's call timeout does not cut it; the others keep it."""
+    pool = TaskPool()
+    d = dispatcher(pool)
+    sealed = (await ask(d, "tools/call", {"name": "echo"}))["result"]["taskId"]
+    for method in ("tasks/result", "tasks/get", "tasks/cancel"):
+        await ask(d, method, {"taskId": sealed})
+    assert pool.timeouts == {"tasks/result": RESULT_WAIT_SECONDS, "tasks/get": None, "tasks/cancel": None}

@@ -252,10 +252,12 @@ class UpstreamPool(UpstreamListings):
         return _anonymous(await self._upstreams[upstream].request("tools/call", forwarded, on_progress=on_progress))
 
     async def task_request(self, upstream: str, method: str, params: JsonObj, *,
-                           on_progress: ProgressCallback | None = None) -> JsonObj | None:
+                           on_progress: ProgressCallback | None = None, timeout: float | None = None
+                           ) -> JsonObj | None:
         """A task method on the upstream a sealed task id names; None when no such upstream is configured now."""
         found = self._upstreams.get(upstream)
-        return None if found is None else _anonymous(await found.request(method, params, on_progress=on_progress))
+        return None if found is None else _anonymous(await found.request(method, params, on_progress=on_progress,
+                                                                         timeout=timeout))
 
     async def read_resource(self, params: JsonObj | None, *, on_progress: ProgressCallback | None = None) -> JsonObj:
         """The owner's answer; an unknown resource's error in the client's era (-32602 + data.uri, or -32002)."""
