@@ -201,7 +201,7 @@ def create_app(
     metrics.tombstones.set_function(lambda: registry.tombstone_count)
     dispatcher = Dispatcher(app[POOL], publisher=publisher, metrics=metrics, policy=policy,
                             guards=Guards(_guards(app, publisher, metrics, pins)), audit=auditor,
-                            task_keys=derive_task_keys(settings.state_keys))
+                            task_keys=derive_task_keys(settings.state_keys), task_owners=stores.task_owners)
     app.cleanup_ctx.append(_closing(dispatcher.subscriptions.aclose))
     app.cleanup_ctx.append(_sweeper)
     checks = RequestChecks(settings=settings, authenticator=authenticator, publisher=publisher, metrics=metrics)

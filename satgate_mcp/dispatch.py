@@ -29,6 +29,7 @@ from satgate_mcp.policy.audit import AUDITED_METHODS
 from satgate_mcp.policy.audit_trail import Auditor
 from satgate_mcp.subscriptions import Subscriptions
 from satgate_mcp.task_ids import TASK_METHODS
+from satgate_mcp.task_owners import TaskOwnerStore
 from satgate_mcp.task_relay import TaskRelay
 from satgate_mcp.upstream.base import CALLER, Caller, ProgressCallback, is_relay
 from satgate_mcp.upstream.catalog import LISTINGS, Kind
@@ -91,9 +92,10 @@ class Dispatcher:
     def __init__(self, pool: Pool, *, publisher: Publisher, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.monotonic, subscriptions: Subscriptions | None = None,
                  list_page_size: int = LIST_PAGE_SIZE, guards: Guards | None = None,
-                 audit: Auditor | None = None, task_keys: Sequence[bytes] = ()) -> None:
+                 audit: Auditor | None = None, task_keys: Sequence[bytes] = (),
+                 task_owners: TaskOwnerStore | None = None) -> None:
         self._pool = pool
-        self._tasks = TaskRelay(pool, policy, task_keys)
+        self._tasks = TaskRelay(pool, policy, task_keys, task_owners)
         self._audit = audit
         self._guards = guards or Guards()
         self.subscriptions = subscriptions or Subscriptions(pool.subscribe, pool.unsubscribe, pool.subscription_scope)
@@ -374,7 +376,7 @@ class Dispatcher:
         started = self._clock()
         outcome = "error"
         try:
-            reply = self._tasks.sealed(
+            reply = await self._tasks.sealed(
                 await self._policy.run(admission, lambda: self._pool.call_tool(params, on_progress=on_progress)),
                 upstream, token_id=identity.token_id, session_id=session_id)
             outcome = "error" if "error" in reply else ("tool_error" if reply.get("result", {}).get("isError")

@@ -8,9 +8,10 @@ names with the upstream's own id, and come back with the sealed id again. They p
 but are never charged: the call was paid for when the task was created.
 
 What the upstream says of a task on its own (its status notifications) and 2025-11-25's ``tasks/list`` name
-tasks by the upstream's id alone: so this process remembers who created each task it relayed (``TaskOwners``),
-and a notification reaches its creator only, a listing shows each caller its own tasks only. An upstream task
-whose creator is not remembered (another process's, or this process's before a restart) is shown to nobody.
+tasks by the upstream's id alone: so the creator of each task relayed is kept, by this process (``TaskOwners``)
+and where the gateway keeps its state (task_owners.py: the state database, Redis), and a notification reaches
+its creator only, a listing shows each caller its own tasks only. A task whose creator nobody kept is shown to
+nobody.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from satgate_mcp import jsonrpc
 from satgate_mcp.auth.base import Identity
 from satgate_mcp.contracts import Policy, Pool, method_not_found
 from satgate_mcp.errors import UpstreamUnavailable
 from satgate_mcp.jsonrpc import JsonObj
 from satgate_mcp.paging import LIST_PAGE_SIZE, decode_cursor, page
+from satgate_mcp.stores.errors import STORE_ERRORS
 from satgate_mcp.task_ids import (
     TaskRef,
     created_task_id,
@@ -38,8 +42,11 @@ from satgate_mcp.task_ids import (
     unknown_task,
     with_task_id,
 )
+from satgate_mcp.task_owners import Owner, TaskOwnerStore, owner_ttl
 from satgate_mcp.upstream.base import ProgressCallback, declared_meta
 from satgate_mcp.upstream.eras import client_era
+
+log = structlog.get_logger("satgate_mcp.tasks")
 
 #: Tasks whose creator one process remembers; the oldest are forgotten first (shown to nobody after that).
 MAX_OWNED_TASKS = 10_000
@@ -48,12 +55,11 @@ MAX_LIST_PAGES = 20
 #: How long 2025-11-25's ``tasks/result`` (which waits for the task to end) may wait: a task is long work, so the
 #: upstream's call timeout, which bounds every other request, does not bound this one.
 RESULT_WAIT_SECONDS = 3600.0
-#: (token id, session id): who created a task, as its sealed id binds it.
-Owner = tuple[str, str]
 
 
 class TaskOwners:
-    """Who created each task this process relayed, newest kept (bounded)."""
+    """Who created each task this process relayed, newest kept (bounded): what a status notification is routed by,
+    at once and in order, without asking a store."""
 
     def __init__(self, cap: int = MAX_OWNED_TASKS) -> None:
         self._cap = cap
@@ -73,11 +79,14 @@ class TaskOwners:
 
 
 class TaskRelay:
-    def __init__(self, pool: Pool, policy: Policy, keys: Sequence[bytes], owners: TaskOwners | None = None) -> None:
+    def __init__(self, pool: Pool, policy: Policy, keys: Sequence[bytes], store: TaskOwnerStore | None = None
+                 ) -> None:
+        """``store``: where owners outlive this process (the state database, Redis); None: this process's own."""
         self._pool = pool
         self._policy = policy
         self._keys = list(keys) or [secrets.token_bytes(32)]  # no configured key: ids this process alone opens
-        self.owners = owners or TaskOwners()
+        self.owners = TaskOwners()
+        self._store = store
         #: Listen stream key -> the tasks it follows (2026-07-28: the filter's ``taskIds``).
         self._watching: dict[str, frozenset[TaskRef]] = {}
         #: Upstream -> the task ids it was last told clients follow there.
@@ -86,15 +95,20 @@ class TaskRelay:
     def _seal(self, ref: TaskRef, owner: Owner) -> str:
         return seal_task_id(self._keys, ref, token_id=owner[0], session_id=owner[1])
 
-    def sealed(self, reply: JsonObj, upstream: str, *, token_id: str, session_id: str) -> JsonObj:
+    async def sealed(self, reply: JsonObj, upstream: str, *, token_id: str, session_id: str) -> JsonObj:
         """A ``tools/call`` reply as the client sees it: a created task's id sealed (and its creator remembered);
         anything else as it was."""
         task_id = created_task_id(reply)
         if task_id is None:
             return reply
-        ref = TaskRef(upstream, task_id)
-        self.owners.note(ref, (token_id, session_id))
-        return with_task_id(reply, self._seal(ref, (token_id, session_id)))
+        ref, owner = TaskRef(upstream, task_id), (token_id, session_id)
+        self.owners.note(ref, owner)
+        if self._store is not None:
+            try:
+                await self._store.note(ref, owner, owner_ttl(reply))
+            except STORE_ERRORS as exc:  # the task exists: its creator has it; only other processes cannot list it
+                log.warning("task_owner_not_stored", upstream=upstream, error=type(exc).__name__)
+        return with_task_id(reply, self._seal(ref, owner))
 
     def notice(self, upstream: str, method: str, params: JsonObj | None) -> tuple[str, JsonObj] | None:
         """(the creator's session id, the notification as the creator sees it) for a task status notification of
@@ -160,14 +174,24 @@ class TaskRelay:
             result = (reply or {}).get("result")
             if not isinstance(result, dict):
                 break
-            for task in listed_tasks(result):
-                ref = TaskRef(upstream, task["taskId"])
-                if self.owners.owner(ref) == owner:
-                    found.append({**task, "taskId": self._seal(ref, owner)})
+            tasks = [(TaskRef(upstream, task["taskId"]), task) for task in listed_tasks(result)]
+            owners = await self._owners_of([ref for ref, _ in tasks])
+            found += [{**task, "taskId": self._seal(ref, owner)} for ref, task in tasks if owners.get(ref) == owner]
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or not cursor:
                 break
         return found
+
+    async def _owners_of(self, refs: list[TaskRef]) -> dict[TaskRef, Owner]:
+        """Who created each task: this process's memory, then the shared store (down: as unknown, shown to nobody)."""
+        known = {ref: owner for ref in refs if (owner := self.owners.owner(ref)) is not None}
+        missing = [ref for ref in refs if ref not in known]
+        if missing and self._store is not None:
+            try:
+                known.update(await self._store.owners(missing))
+            except STORE_ERRORS as exc:
+                log.warning("task_owners_unreadable", error=type(exc).__name__)
+        return known
 
     def opened(self, params: JsonObj | None, *, token_id: str, session_id: str,
                on_progress: ProgressCallback | None = None) -> TaskRef:

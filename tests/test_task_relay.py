@@ -137,9 +137,9 @@ async def test_tasks_list_is_refused_where_nothing_lists_tasks() -> None:
     assert (await ask(listing, "tasks/list", {"cursor": "forged"}))["error"]["code"] == jsonrpc.INVALID_PARAMS
 
 
-def test_a_status_notice_is_for_the_creator_alone() -> None:
+async def test_a_status_notice_is_for_the_creator_alone() -> None:
     relay = TaskRelay(TaskPool(), UnmeteredPolicy(), KEYS)
-    reply = relay.sealed(jsonrpc.result_response(None, {"task": {"taskId": "up-9"}}), "fake", token_id="alice",
+    reply = await relay.sealed(jsonrpc.result_response(None, {"task": {"taskId": "up-9"}}), "fake", token_id="alice",
                          session_id=SESSION)
     sealed = reply["result"]["task"]["taskId"]
     found = relay.notice("fake", "notifications/tasks/status", {"taskId": "up-9", "status": "completed"})

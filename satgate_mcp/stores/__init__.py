@@ -50,6 +50,7 @@ from satgate_mcp.stores.redis.pins import RedisPinStore
 from satgate_mcp.stores.redis.policy import RedisProbe, RedisStores
 from satgate_mcp.stores.redis.revocations import RedisRevocationStore
 from satgate_mcp.stores.redis.spend import RedisSpendStore
+from satgate_mcp.stores.redis.task_owners import RedisTaskOwners
 from satgate_mcp.stores.redis.tombstones import RedisTombstones
 from satgate_mcp.stores.sqlite import (
     DB_NAME,
@@ -63,6 +64,8 @@ from satgate_mcp.stores.sqlite.approvals import SqliteApprovalStore
 from satgate_mcp.stores.sqlite.grants import SqliteGrantStore
 from satgate_mcp.stores.sqlite.pins import SqlitePinStore
 from satgate_mcp.stores.sqlite.spend import SqliteSpendStore
+from satgate_mcp.stores.sqlite.task_owners import SqliteTaskOwners
+from satgate_mcp.task_owners import TaskOwnerStore
 
 Closer = Callable[[], Awaitable[None]]
 
@@ -117,6 +120,8 @@ class Stores:
     approvals: ApprovalStore = field(default_factory=MemoryApprovalStore)
     #: Users' grants to "oauth_user" upstreams and the authorizations waiting for them: like the rest.
     grants: GrantStore = field(default_factory=MemoryGrantStore)
+    #: Who created each relayed task (2025-11-25 ``tasks/list``); None: each process remembers its own only.
+    task_owners: TaskOwnerStore | None = None
 
     def start(self) -> None:
         """Follow what other processes publish (revocations, DELETEs), before the first request."""
@@ -165,7 +170,8 @@ def local_stores(state: LocalState, configured: RevocationStore | None = None,
     return Stores("sqlite", None, state.budgets, state.duplicates, state.admissions, revocations,
                   files, state.tombstones, None, state.probe, state.timeout, (revocations.aclose, state.aclose),
                   pins=SqlitePinStore(state.db), spend=SqliteSpendStore(state.db),
-                  approvals=SqliteApprovalStore(state.db), grants=SqliteGrantStore(state.db))
+                  approvals=SqliteApprovalStore(state.db), grants=SqliteGrantStore(state.db),
+                  task_owners=SqliteTaskOwners(state.db))
 
 
 def _redis_stores(url: str, timeout: float, max_connections: int, revocations: RevocationStore,
@@ -180,7 +186,7 @@ def _redis_stores(url: str, timeout: float, max_connections: int, revocations: R
                   (revocations.aclose, tombstones.aclose, policy.aclose, probe.aclose),
                   pins=RedisPinStore(policy.client), board=RedisBoard(policy.client),
                   spend=RedisSpendStore(policy.client), approvals=RedisApprovalStore(policy.client),
-                  grants=RedisGrantStore(policy.client))
+                  grants=RedisGrantStore(policy.client), task_owners=RedisTaskOwners(policy.client))
 
 
 def configured_revocations(settings: RevocationSettings) -> RevocationStore:

@@ -159,11 +159,15 @@ async def test_2025_tasks_through_the_gateway(tmp_path: Path, era: str, transpor
         assert error_of(await alice.rpc("tasks/list", {"cursor": "not-ours"}))[0] == -32602
 
 
-async def test_a_2025_sealed_task_id_outlives_a_gateway_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state", ["memory", "folder", "redis"])
+async def test_a_2025_sealed_task_id_outlives_a_gateway_restart(tmp_path: Path, state: str) -> None:
     """A new gateway process (empty memory, same keys) resumes the session and routes its sealed id to the HTTP
-    upstream holding the task; it does not remember who created which task, so its ``tasks/list`` shows none."""
+    upstream holding the task. Who created which task is kept where the gateway keeps its state: with a state
+    folder or Redis the new process lists the task to its creator (and nobody else); in memory it lists none."""
+    settings = ({"SATGATE_STATE_DIR": str(tmp_path / "state")} if state == "folder" else
+                {"SATGATE_REDIS_URL": "redis://127.0.0.1:6379/0"} if state == "redis" else {})
     async with (gateway_in_front(tmp_path, root_key=ROOT_KEY, name="alpha", transport="http",
-                                 args=("--name", "alpha", "--era", "2025", "--tasks")) as gw,
+                                 args=("--name", "alpha", "--era", "2025", "--tasks"), settings=settings) as gw,
                 httpx2.AsyncClient(trust_env=False, timeout=httpx2.Timeout(20.0)) as http):
         alice = await Session(http, gw, "tok-alice").open()
         mine = await alice.create(0.3, "before")
@@ -173,6 +177,8 @@ async def test_a_2025_sealed_task_id_outlives_a_gateway_restart(tmp_path: Path) 
         result = (await alice.rpc("tasks/result", {"taskId": mine}))["result"]  # the same Mcp-Session-Id
         assert result["content"][0]["text"] == "computed before"
         assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == mine
-        assert (await alice.rpc("tasks/list", {}))["result"]["tasks"] == []
+        listed = [t["taskId"] for t in (await alice.rpc("tasks/list", {}))["result"]["tasks"]]
+        assert listed == ([] if state == "memory" else [mine])
         bob = await Session(http, gw, "tok-bob").open()
+        assert (await bob.rpc("tasks/list", {}))["result"]["tasks"] == []
         assert error_of(await bob.rpc("tasks/result", {"taskId": mine})) == UNKNOWN

@@ -104,6 +104,9 @@ CREATE INDEX IF NOT EXISTS authorizations_expiring ON authorizations (expires);
 CREATE TABLE IF NOT EXISTS grants (
   owner TEXT NOT NULL, upstream TEXT NOT NULL, grant_id TEXT NOT NULL, record TEXT NOT NULL,
   PRIMARY KEY (owner, upstream)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS task_owners (
+  upstream TEXT NOT NULL, task_id TEXT NOT NULL, token_id TEXT NOT NULL, session_id TEXT NOT NULL,
+  expires REAL NOT NULL, PRIMARY KEY (upstream, task_id)) WITHOUT ROWID;
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
